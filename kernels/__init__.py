@@ -1,0 +1,1 @@
+"""Pallas kernels, each next to its jnp reference (installed as ``jaxrl_reason.kernels``)."""
