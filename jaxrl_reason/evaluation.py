@@ -1,0 +1,381 @@
+"""Evaluation statistics: pass@k (unbiased), maj@k, and mean ± confidence interval over seeds.
+
+Pure numpy and the standard library; no device code. The usual flow:
+
+    per_seed = [seed_metrics(correct, answers, lengths, ks=(1, 4, 8)) for each seed]
+    report = {"level 1-3 (held-out)": summarize_seeds(per_seed), ...}
+    print(format_table(report, ["pass@1", "pass@8", "maj@8", "mean_length"]))
+
+Conventions: `P` problems, `n` samples per problem. `correct[p, i]` says whether sample `i` of
+problem `p` was verified correct; `answers[p][i]` is its extracted (already normalized)
+answer string, or None when nothing answer-like was found.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "pass_at_k",
+    "pass_at_k_batch",
+    "maj_at_k",
+    "student_t_quantile",
+    "mean_ci",
+    "summarize_seeds",
+    "seed_metrics",
+    "format_table",
+]
+
+
+# ----------------------------------------------------------------------------- pass@k / maj@k
+
+
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    return int(value)
+
+
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Unbiased pass@k estimate for one problem (Chen et al. 2021, "Evaluating LLMs on Code").
+
+    pass@k = 1 - C(n - c, k) / C(n, k), computed as 1 - prod_{i=n-c+1}^{n} (1 - k / i),
+    which never forms the (huge) binomial coefficients.
+
+    Args:
+      num_samples: n >= 1, samples drawn for the problem.
+      num_correct: c in [0, n], how many of them are correct.
+      k: 1 <= k <= n.
+    Returns:
+      float in [0, 1]: probability that at least one of k samples drawn without replacement
+      from the n is correct.
+    Raises:
+      ValueError: if k > n, k < 1, n < 1 or c outside [0, n].
+    """
+    n = _check_int("num_samples", num_samples)
+    c = _check_int("num_correct", num_correct)
+    k = _check_int("k", k)
+    if n < 1:
+        raise ValueError(f"pass_at_k: num_samples must be >= 1, got {n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k must be in [1, num_samples={n}], got k={k}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: num_correct must be in [0, {n}], got {c}")
+    if n - c < k:
+        return 1.0
+    i = np.arange(n - c + 1, n + 1, dtype=np.float64)
+    return float(1.0 - np.prod(1.0 - k / i))
+
+
+def _check_correct(correct: np.ndarray, where: str) -> np.ndarray:
+    """Validate a [P, n] correctness matrix (bool, or integers in {0, 1}); return it as bool."""
+    arr = np.asarray(correct)
+    if arr.ndim != 2:
+        raise ValueError(f"{where}: correct must be [P, n], got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{where}: correct must have P >= 1 and n >= 1, got shape {arr.shape}")
+    if arr.dtype != np.bool_:
+        if not np.issubdtype(arr.dtype, np.integer) or not np.isin(arr, (0, 1)).all():
+            raise TypeError(
+                f"{where}: correct must be bool (or 0/1 integers), got dtype {arr.dtype}")
+        arr = arr.astype(bool)
+    return arr
+
+
+def pass_at_k_batch(correct: np.ndarray, k: int) -> float:
+    """Mean unbiased pass@k over problems.
+
+    Args:
+      correct: [P, n] bool, correctness of each sample.
+      k: 1 <= k <= n.
+    Returns:
+      float in [0, 1], mean over the P problems of `pass_at_k(n, c_p, k)`.
+    """
+    arr = _check_correct(correct, "pass_at_k_batch")
+    n = arr.shape[1]
+    return float(np.mean([pass_at_k(n, int(c), k) for c in arr.sum(axis=1)]))
+
+
+def _majority_index(answers: Sequence[str | None]) -> int | None:
+    """Index of the first sample carrying the most frequent non-None answer (ties: the answer
+    that occurs first wins); None when every answer is None."""
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, a in enumerate(answers):
+        if a is None:
+            continue
+        if not isinstance(a, str):
+            raise TypeError(f"maj_at_k: answers must be str or None, got {type(a).__name__}")
+        counts[a] = counts.get(a, 0) + 1
+        first.setdefault(a, i)
+    if not counts:
+        return None
+    best = max(counts, key=lambda a: (counts[a], -first[a]))
+    return first[best]
+
+
+def maj_at_k(answers: Sequence[Sequence[str | None]], correct: np.ndarray, k: int) -> float:
+    """maj@k: accuracy of the majority-voted answer among the first k samples of each problem.
+
+    For each problem the non-None answers among samples 0..k-1 are counted; the most frequent
+    one wins (ties go to the answer that appears first; None never wins). The problem scores 1
+    when the first sample carrying the voted answer is correct, 0 otherwise (also 0 when all k
+    answers are None). Answers are compared as exact strings, so normalize them beforehand.
+
+    Args:
+      answers: P sequences of n answers (str or None).
+      correct: [P, n] bool, correctness of each sample.
+      k: 1 <= k <= n.
+    Returns:
+      float in [0, 1], mean score over the P problems.
+    """
+    arr = _check_correct(correct, "maj_at_k")
+    num_problems, n = arr.shape
+    k = _check_int("k", k)
+    if not 1 <= k <= n:
+        raise ValueError(f"maj_at_k: k must be in [1, n={n}], got k={k}")
+    if len(answers) != num_problems:
+        raise ValueError(f"maj_at_k: answers has {len(answers)} problems, correct has "
+                         f"{num_problems}")
+    scores = []
+    for p, row in enumerate(answers):
+        if len(row) != n:
+            raise ValueError(f"maj_at_k: answers[{p}] has {len(row)} samples, expected {n}")
+        idx = _majority_index(list(row[:k]))
+        scores.append(0.0 if idx is None else float(arr[p, idx]))
+    return float(np.mean(scores))
+
+
+# ----------------------------------------------------------------------------- confidence
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction for the regularized incomplete beta (modified Lentz)."""
+    tiny, eps = 1e-300, 1e-15
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b) for x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def _student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with df degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t distribution: the t with P(T <= t) = p.
+
+    Inverts the CDF (regularized incomplete beta) by bisection to ~1e-12 relative accuracy.
+    Example: student_t_quantile(0.975, 2) = 4.3027.
+
+    Args:
+      p: probability in (0, 1).
+      df: degrees of freedom, > 0.
+    Returns:
+      float.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"student_t_quantile: p must be in (0, 1), got {p}")
+    if not df > 0:
+        raise ValueError(f"student_t_quantile: df must be > 0, got {df}")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while _student_t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e300:
+            raise ValueError(f"student_t_quantile: p={p} too close to 1 for df={df}")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _student_t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the Student-t confidence interval of the mean.
+
+    half_width = t_{(1 + confidence) / 2, m - 1} * s / sqrt(m), with s the sample standard
+    deviation (ddof=1) of the m values. With a single value the interval is undefined and the
+    half-width is NaN (not 0: one seed says nothing about the spread).
+
+    Args:
+      values: m >= 1 finite floats (e.g. one metric, one value per seed).
+      confidence: in (0, 1).
+    Returns:
+      (mean, half_width) as floats.
+    """
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    if arr.size == 0:
+        raise ValueError("mean_ci: values is empty")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"mean_ci: values must be finite, got {arr.tolist()}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"mean_ci: confidence must be in (0, 1), got {confidence}")
+    mean = float(arr.mean())
+    if arr.size == 1:
+        return mean, float("nan")
+    t = student_t_quantile((1.0 + confidence) / 2.0, arr.size - 1)
+    return mean, float(t * arr.std(ddof=1) / math.sqrt(arr.size))
+
+
+def summarize_seeds(per_seed: Sequence[Mapping[str, float]],
+                    confidence: float = 0.95) -> dict[str, dict]:
+    """Mean and confidence interval of each metric over seeds.
+
+    Args:
+      per_seed: one dict per seed, all with the same metric names, e.g.
+        [{"pass@1": 0.61, "maj@4": 0.70, "mean_length": 212.0}, ...].
+      confidence: interval level; the key is "ci95" whatever the level, for a stable schema.
+    Returns:
+      {metric: {"mean": float, "ci95": float half-width (NaN for one seed),
+                "values": list[float] in seed order}}.
+    """
+    if len(per_seed) == 0:
+        raise ValueError("summarize_seeds: per_seed is empty")
+    names = list(per_seed[0])
+    for i, d in enumerate(per_seed):
+        if set(d) != set(names):
+            raise ValueError(f"summarize_seeds: seed {i} has metrics {sorted(d)}, seed 0 has "
+                             f"{sorted(names)}")
+    out: dict[str, dict] = {}
+    for name in names:
+        values = [float(d[name]) for d in per_seed]
+        mean, half = mean_ci(values, confidence)
+        out[name] = {"mean": mean, "ci95": half, "values": values}
+    return out
+
+
+def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
+                 lengths: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
+    """All metrics of one evaluation seed.
+
+    Args:
+      correct: [P, n] bool, correctness of each sample.
+      answers: P sequences of n extracted answers (str or None).
+      lengths: [P, n] int, completion length of each sample in tokens.
+      ks: the k values; those > n are skipped (a run with fewer samples reports fewer k).
+    Returns:
+      {"accuracy": mean correctness (= pass@1), "pass@k" for each k in ks with k <= n,
+       "maj@k" for each k in ks with 1 < k <= n, "mean_length": mean of lengths}.
+    """
+    arr = _check_correct(correct, "seed_metrics")
+    lens = np.asarray(lengths)
+    if lens.shape != arr.shape:
+        raise ValueError(f"seed_metrics: lengths shape {lens.shape} != correct shape {arr.shape}")
+    if not np.issubdtype(lens.dtype, np.integer):
+        raise TypeError(f"seed_metrics: lengths must be integers, got dtype {lens.dtype}")
+    n = arr.shape[1]
+    ks = sorted({_check_int("each k in ks", k) for k in ks})
+    if ks and ks[0] < 1:
+        raise ValueError(f"seed_metrics: every k must be >= 1, got {ks}")
+    out: dict[str, float] = {"accuracy": float(arr.mean())}
+    for k in ks:
+        if k <= n:
+            out[f"pass@{k}"] = pass_at_k_batch(arr, k)
+    for k in ks:
+        if 1 < k <= n:
+            out[f"maj@{k}"] = maj_at_k(answers, arr, k)
+    out["mean_length"] = float(lens.mean())
+    return out
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def _is_percent(metric: str) -> bool:
+    return metric.startswith(("pass@", "maj@")) or metric == "accuracy"
+
+
+def _is_length(metric: str) -> bool:
+    return "length" in metric
+
+
+def _header(metric: str) -> str:
+    if _is_percent(metric):
+        return f"{metric} (%)"
+    if _is_length(metric):
+        return f"{metric} (tokens)"
+    return metric
+
+
+def _cell(summary: Mapping[str, float] | None, metric: str) -> str:
+    if summary is None:
+        return "-"
+    scale = 100.0 if _is_percent(metric) else 1.0
+    fmt = "{:.1f}" if _is_percent(metric) or _is_length(metric) else "{:.4g}"
+    mean = fmt.format(summary["mean"] * scale)
+    half = summary.get("ci95", float("nan"))
+    if half is None or not math.isfinite(half):
+        return mean
+    return f"{mean} ± {fmt.format(half * scale)}"
+
+
+def format_table(report: Mapping[str, Mapping[str, Mapping]], metrics: Sequence[str]) -> str:
+    """A Markdown table of evaluation results, one row per evaluation set.
+
+    Cells read "63.2 ± 2.1": pass@k, maj@k and accuracy in percent, lengths in tokens (both
+    one decimal), other metrics with 4 significant digits. The "± half-width" part is left
+    out when the interval is undefined (one seed); a metric missing from a row shows "-".
+
+    Args:
+      report: {set name: summarize_seeds(...) output}, e.g. {"level 4": {"pass@1": {...}}}.
+      metrics: the columns, in order.
+    Returns:
+      the table as a str (no trailing newline).
+    """
+    if not report:
+        raise ValueError("format_table: report is empty")
+    if not metrics:
+        raise ValueError("format_table: metrics is empty")
+    header = ["eval set"] + [_header(m) for m in metrics]
+    rows = [[name] + [_cell(summary.get(m), m) for m in metrics]
+            for name, summary in report.items()]
+    widths = [max(len(r[j]) for r in [header] + rows) for j in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])

@@ -1,0 +1,213 @@
+"""Metric logging: a JSON-lines file, tensorboardX event files, and a one-line console summary.
+
+    with MetricsWriter(workdir, enabled=jax.process_index() == 0) as writer:
+        writer.write(step, {"loss": loss, "reward/mean": r}, phase="train")
+
+Every `write` appends one JSON object to `<workdir>/metrics.jsonl`:
+
+    {"step": 12, "phase": "train", "time": 1790000000.1, "loss": 0.25, "reward/mean": 0.5}
+
+Values are converted with `float()`. JSON has no NaN/Infinity, so non-finite values are
+written as `null` (the file stays valid JSON for any reader); `read_metrics` turns them back
+into `float("nan")`. The same scalars go to tensorboard under the tag "<phase>/<name>".
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["MetricsWriter", "format_line", "read_metrics"]
+
+METRICS_FILENAME = "metrics.jsonl"
+TB_DIRNAME = "tb"
+_RESERVED = ("step", "phase", "time")
+
+
+def _to_float(name: str, value: Any) -> float:
+    """One scalar (python number, numpy or jax scalar / size-1 array) as a python float."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"metric {name!r}: expected a number, got {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # e.g. an object numpy cannot convert
+        raise TypeError(f"metric {name!r}: cannot convert {type(value).__name__} to a number"
+                        ) from e
+    if arr.size != 1:
+        raise ValueError(f"metric {name!r}: expected a scalar, got shape {arr.shape}")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise TypeError(f"metric {name!r}: expected a number, got dtype {arr.dtype}")
+    return float(arr.reshape(()))
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"step must be an int, got {type(step).__name__} ({step!r})")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return int(step)
+
+
+def _format_value(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if value == int(value) and abs(value) < 1e6:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def format_line(step: int, scalars: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:
+    """A compact one-line summary, e.g. "step 12 | loss 0.2531 | reward/mean 0.5".
+
+    Args:
+      step: int, the training step.
+      scalars: {name: number, numpy or jax scalar}.
+      keys: which names to show, in this order (names absent from `scalars` are skipped, since
+        some metrics are logged only every few steps); default all, in insertion order.
+    Returns:
+      str without newline; integers print as integers, other values with 4 significant digits.
+      A caller with a tqdm bar passes this (without the step part, if it likes) as the postfix.
+    """
+    step = _check_step(step)
+    names = list(scalars) if keys is None else [k for k in keys if k in scalars]
+    parts = [f"step {step}"]
+    parts += [f"{k} {_format_value(_to_float(k, scalars[k]))}" for k in names]
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Writes scalars to `<workdir>/metrics.jsonl`, tensorboard (`<workdir>/tb`) and the console.
+
+    Args:
+      workdir: directory for the outputs; created if missing.
+      tensorboard: also write tensorboardX event files under `<workdir>/tb`.
+      console: print `format_line(...)` (prefixed with "[phase]") to stdout on each write.
+        A caller that drives a tqdm bar passes False and uses `format_line` for the postfix.
+      enabled: False makes every method a no-op and touches no file; pass
+        `jax.process_index() == 0` so that only one process of a multi-host run logs.
+    Raises:
+      OSError: naming the path, when the directory or file cannot be created or written.
+    """
+
+    def __init__(self, workdir: str, *, tensorboard: bool = True, console: bool = True,
+                 enabled: bool = True):
+        self.workdir = os.fspath(workdir)
+        self.path = os.path.join(self.workdir, METRICS_FILENAME)
+        self.console = console
+        self.enabled = enabled
+        self._file = None
+        self._tb = None
+        self._closed = False
+        if not enabled:
+            return
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+        except OSError as e:
+            raise OSError(f"MetricsWriter: cannot write metrics to {self.path!r}: {e}") from e
+        if tensorboard:
+            tb_dir = os.path.join(self.workdir, TB_DIRNAME)
+            try:
+                from tensorboardX import SummaryWriter
+                self._tb = SummaryWriter(logdir=tb_dir)
+            except OSError as e:
+                self._file.close()
+                raise OSError(f"MetricsWriter: cannot write tensorboard events to {tb_dir!r}: "
+                              f"{e}") from e
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, step: int, scalars: Mapping[str, Any], *, phase: str = "train") -> str | None:
+        """Log one step's scalars.
+
+        Args:
+          step: int >= 0.
+          scalars: {name: python number, numpy or jax scalar / size-1 array}; names may not be
+            "step", "phase" or "time". Jax values are fetched to the host (a device sync).
+          phase: e.g. "train" or "eval"; tensorboard tags are "<phase>/<name>".
+        Returns:
+          the `format_line` summary (None when disabled).
+        """
+        if not self.enabled:
+            return None
+        if self._closed:
+            raise ValueError(f"MetricsWriter for {self.path!r} is closed")
+        step = _check_step(step)
+        if not isinstance(phase, str) or not phase:
+            raise ValueError(f"phase must be a non-empty str, got {phase!r}")
+        values: dict[str, float] = {}
+        for name, value in scalars.items():
+            if not isinstance(name, str):
+                raise TypeError(f"metric names must be str, got {name!r}")
+            if name in _RESERVED:
+                raise ValueError(f"metric name {name!r} is reserved ({', '.join(_RESERVED)})")
+            values[name] = _to_float(name, value)
+        record = {"step": step, "phase": phase, "time": time.time()}
+        record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        if self._tb is not None:
+            for name, value in values.items():
+                self._tb.add_scalar(f"{phase}/{name}", value, step)
+        line = format_line(step, values)
+        if self.console:
+            print(f"[{phase}] {line}", file=sys.stdout, flush=True)
+        return line
+
+    def flush(self) -> None:
+        """Push buffered data to disk (the jsonl file is line-buffered already)."""
+        if not self.enabled or self._closed:
+            return
+        self._file.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close the files; further writes raise, further closes do nothing."""
+        if not self.enabled or self._closed:
+            return
+        self._closed = True
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str, phase: str | None = None) -> list[dict]:
+    """Load a metrics.jsonl written by `MetricsWriter`.
+
+    Args:
+      path: the jsonl file, or a workdir containing `metrics.jsonl`.
+      phase: keep only records of this phase (default all).
+    Returns:
+      list of dicts in file order; `null` metric values come back as float("nan").
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, METRICS_FILENAME)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"read_metrics: no metrics file at {path!r}")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"read_metrics: {path}:{lineno} is not valid JSON: {e}") from e
+            record = {k: (float("nan") if v is None and k not in _RESERVED else v)
+                      for k, v in record.items()}
+            if phase is None or record.get("phase") == phase:
+                records.append(record)
+    return records
+
