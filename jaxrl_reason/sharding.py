@@ -1,0 +1,160 @@
+"""Mesh construction and logical-axis sharding.
+
+Layers name logical axes only (`embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `vocab`,
+`batch`, `length`, `cache_length`); a short list of rules in the config maps them onto the
+mesh axes `data`, `fsdp` and `tensor`. Sharding is data: changing the parallelism of a run
+is a config change.
+
+The mesh uses `AxisType.Auto` axes: arrays carry `NamedSharding`s and XLA's SPMD partitioner
+propagates them through the jitted programs, so model code needs no explicit sharding types.
+A logical dimension whose size the assigned mesh axes do not divide is replicated instead
+(tiny test models on 8 devices), never an error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Default logical-axis rules: batch over data+fsdp, weights' embed dim over fsdp (ZeRO-3
+# style), heads/mlp/vocab over tensor. Anything not listed is replicated.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("vocab", "tensor"),
+    ("head_dim", None),
+    ("length", None),
+    ("cache_length", None),
+)
+
+
+def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
+    """Resolves a `{axis: size}` mapping (one size may be -1) to sizes for MESH_AXES.
+
+    Raises ValueError naming the axis when sizes do not multiply to `num_devices`.
+    """
+    unknown = set(shape) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"mesh: unknown axes {sorted(unknown)}; axes are {MESH_AXES}")
+    sizes = [int(shape.get(axis, 1)) for axis in MESH_AXES]
+    free = [i for i, s in enumerate(sizes) if s == -1]
+    if len(free) > 1:
+        raise ValueError(f"mesh: at most one axis may be -1, got {dict(shape)}")
+    if any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh: axis sizes must be positive or -1, got {dict(shape)}")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if free:
+        if num_devices % fixed:
+            raise ValueError(
+                f"mesh: fixed axes {dict(shape)} (product {fixed}) do not divide the "
+                f"{num_devices} available devices")
+        sizes[free[0]] = num_devices // fixed
+    if math.prod(sizes) != num_devices:
+        raise ValueError(
+            f"mesh: axes {dict(zip(MESH_AXES, sizes))} need {math.prod(sizes)} devices, "
+            f"but {num_devices} are available")
+    return tuple(sizes)
+
+
+def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds a Mesh with axes ("data", "fsdp", "tensor") and Auto axis types.
+
+    Args:
+      shape: e.g. {"data": -1, "fsdp": 1, "tensor": 1}; -1 takes all remaining devices.
+      devices: defaults to `jax.devices()` (all processes' devices on multi-host).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = resolve_mesh_shape(shape, len(devices))
+    device_array = np.asarray(devices, dtype=object).reshape(sizes)
+    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return Mesh(device_array, MESH_AXES, axis_types=auto)
+
+
+def logical_to_spec(logical: Sequence[str | None], rules: Iterable[tuple[str, Any]],
+                    shape: Sequence[int] | None = None,
+                    mesh: Mesh | None = None) -> P:
+    """Maps logical axis names to a PartitionSpec over mesh axes.
+
+    Args:
+      logical: one logical name (or None) per array dimension.
+      rules: (logical name, mesh axis | tuple of mesh axes | None) pairs.
+      shape, mesh: when both are given, a dimension whose size the mesh axes do not divide
+        is replicated, and a mesh axis is used at most once per array.
+    """
+    table = dict(rules)
+    used: set[str] = set()
+    out = []
+    for dim, name in enumerate(logical):
+        target = table.get(name) if name is not None else None
+        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        axes = tuple(a for a in axes if a not in used)
+        if mesh is not None:
+            axes = tuple(a for a in axes if mesh.shape[a] > 1)
+        if shape is not None and mesh is not None and axes:
+            if shape[dim] % math.prod(mesh.shape[a] for a in axes):
+                axes = ()
+        used.update(axes)
+        out.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+    return P(*out)
+
+
+def named_sharding(mesh: Mesh, logical: Sequence[str | None], rules: Iterable[tuple[str, Any]],
+                   shape: Sequence[int] | None = None) -> NamedSharding:
+    """NamedSharding for an array with the given logical axes (see `logical_to_spec`)."""
+    return NamedSharding(mesh, logical_to_spec(logical, rules, shape, mesh))
+
+
+def tree_shardings(mesh: Mesh, logical_tree: Any, shapes_tree: Any,
+                   rules: Iterable[tuple[str, Any]]) -> Any:
+    """Maps a pytree of logical-axis tuples and a matching pytree of shapes to shardings.
+
+    `logical_tree` leaves are tuples of names (treated as leaves); `shapes_tree` leaves are
+    arrays or ShapeDtypeStructs.
+    """
+    rules = tuple(rules)
+    return jax.tree.map(
+        lambda names, x: named_sharding(mesh, names, rules, x.shape),
+        logical_tree, shapes_tree,
+        is_leaf=lambda t: isinstance(t, tuple) and all(isinstance(n, (str, type(None))) for n in t))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A fully replicated sharding on `mesh`."""
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh, rules: Iterable[tuple[str, Any]], ndim: int,
+                   batch_size: int) -> NamedSharding:
+    """Sharding of a `[batch, ...]` array: batch over the `batch` rule, the rest replicated."""
+    return named_sharding(mesh, ("batch",) + (None,) * (ndim - 1), rules,
+                          (batch_size,) + (1,) * (ndim - 1))
+
+
+def data_parallel_size(mesh: Mesh, rules: Iterable[tuple[str, Any]]) -> int:
+    """Number of shards the `batch` logical axis is split into on `mesh`."""
+    target = dict(rules).get("batch")
+    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def put_batch(mesh: Mesh, rules: Iterable[tuple[str, Any]], array: np.ndarray) -> jax.Array:
+    """Places a host batch (identical on every process) on the mesh, batch-sharded.
+
+    Raises ValueError when the batch does not split evenly over the data-parallel shards.
+    """
+    array = np.asarray(array)
+    dp = data_parallel_size(mesh, rules)
+    if array.shape[0] % dp:
+        raise ValueError(f"batch of {array.shape[0]} rows does not split over the "
+                         f"{dp} data-parallel shards of the mesh {dict(mesh.shape)}")
+    sharding = batch_sharding(mesh, rules, array.ndim, array.shape[0])
+    return jax.make_array_from_callback(array.shape, sharding, lambda idx: array[idx])
