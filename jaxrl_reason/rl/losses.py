@@ -1,0 +1,328 @@
+"""Clipped token-level policy-gradient loss with a KL penalty and an entropy bonus (jnp reference).
+
+Per completion token ``t`` of sequence ``b`` (``A_b`` is the sequence's advantage):
+
+    ratio    = exp(logp - old_logp)
+    pg       = -min(ratio * A_b, clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * A_b)
+    per_tok  = pg + beta * kl(logp, ref_logp) - entropy_coef * entropy
+
+and the per-token values are reduced to a scalar by ``loss_type`` (registry
+``LOSS_AGGREGATIONS``), with the meanings users know from TRL:
+
+- ``"grpo"``:    mean over each sequence's masked tokens, then mean over the ``B`` sequences
+                 (a sequence with no masked token contributes 0 but still counts in ``B``).
+- ``"bnpo"``:    sum over all masked tokens / number of masked tokens in this batch.
+- ``"dr_grpo"``: sum over all masked tokens / (``B * max_completion_length``).
+- ``"dapo"``:    sum over all masked tokens / ``num_tokens_global``, the masked-token count of the
+                 whole global batch (all micro-batches and devices). The trainer passes it and
+                 SUMS the losses of the micro-batches; that sum is the token mean over the
+                 global batch. Without it, this batch's own token count is used (= "bnpo").
+
+KL estimators (registry ``KL_ESTIMATORS``, per token, ``d = ref_logp - logp``):
+``"k1"``: ``-d``; ``"k2"``: ``d**2 / 2``; ``"k3"``: ``exp(d) - d - 1`` (Schulman's unbiased,
+non-negative estimator of KL(pi || pi_ref); TRL's and DeepSeekMath's choice; not clamped).
+
+Gradients: ``old_logp``, ``ref_logp`` and ``advantages`` are constants (``stop_gradient``);
+gradients flow to ``logp`` and to ``entropy``. Token values at masked-out positions are replaced
+by 0 before any arithmetic, so padding holding ``-inf``/NaN log-probs gives neither a NaN loss
+nor a NaN gradient. All math is float32 whatever the input dtype.
+
+Deviation from TRL: TRL's "dapo" normalizer is ``num_items_in_batch / num_processes`` because
+DDP averages gradients over processes; here arrays are global (or the caller sums), so the
+normalizer is the plain global token count.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jnp.ndarray
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "aggregate_loss",
+    "kl_penalty",
+    "policy_loss",
+]
+
+
+# ----------------------------------------------------------------------------- KL estimators
+
+
+def _kl_k1(logp: Array, ref_logp: Array) -> Array:
+    """logp - ref_logp (unbiased, can be negative)."""
+    return logp - ref_logp
+
+
+def _kl_k2(logp: Array, ref_logp: Array) -> Array:
+    """0.5 * (logp - ref_logp)**2 (biased, low variance, non-negative)."""
+    return 0.5 * jnp.square(logp - ref_logp)
+
+
+def _kl_k3(logp: Array, ref_logp: Array) -> Array:
+    """exp(ref - logp) - (ref - logp) - 1 (unbiased, non-negative)."""
+    d = ref_logp - logp
+    return jnp.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[Array, Array], Array]] = {
+    "k1": _kl_k1,
+    "k2": _kl_k2,
+    "k3": _kl_k3,
+}
+"""Name -> per-token KL estimator ``(logp f32[B, L], ref_logp f32[B, L]) -> f32[B, L]``."""
+
+
+def kl_penalty(logp: Array, ref_logp: Array, *, estimator: str = "k3") -> Array:
+    """Per-token KL(pi_theta || pi_ref) estimate from sampled-token log-probs.
+
+    Args:
+      logp: float ``[...]`` log-probs of the sampled tokens under the policy.
+      ref_logp: float, same shape, under the reference model.
+      estimator: a key of ``KL_ESTIMATORS`` ("k1", "k2", "k3").
+
+    Returns:
+      float32, same shape as ``logp``. No masking is applied.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {estimator!r}; known: {sorted(KL_ESTIMATORS)}")
+    if jnp.shape(logp) != jnp.shape(ref_logp):
+        raise ValueError(
+            f"kl_penalty: ref_logp shape {jnp.shape(ref_logp)} != logp shape {jnp.shape(logp)}"
+        )
+    return KL_ESTIMATORS[estimator](
+        jnp.asarray(logp, jnp.float32), jnp.asarray(ref_logp, jnp.float32)
+    )
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def _agg_grpo(values, mask, max_completion_length, num_tokens_global):
+    """Per-sequence token mean, then mean over B sequences (empty rows give 0)."""
+    del max_completion_length, num_tokens_global
+    per_seq = jnp.sum(values * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+    return jnp.mean(per_seq)
+
+
+def _agg_bnpo(values, mask, max_completion_length, num_tokens_global):
+    """Token mean over this batch."""
+    del max_completion_length, num_tokens_global
+    return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _agg_dr_grpo(values, mask, max_completion_length, num_tokens_global):
+    """Token sum / (B * max_completion_length)."""
+    del num_tokens_global
+    if max_completion_length is None:
+        raise ValueError("loss_type 'dr_grpo' requires max_completion_length")
+    return jnp.sum(values * mask) / (values.shape[0] * max_completion_length)
+
+
+def _agg_dapo(values, mask, max_completion_length, num_tokens_global):
+    """Token sum / token count of the global batch (this batch's count when None)."""
+    del max_completion_length
+    if num_tokens_global is None:
+        num_tokens_global = jnp.sum(mask)
+    denom = jnp.maximum(jnp.asarray(num_tokens_global, jnp.float32), 1.0)
+    return jnp.sum(values * mask) / denom
+
+
+LOSS_AGGREGATIONS: dict[str, Callable[..., Array]] = {
+    "grpo": _agg_grpo,
+    "bnpo": _agg_bnpo,
+    "dr_grpo": _agg_dr_grpo,
+    "dapo": _agg_dapo,
+}
+"""Name -> ``(values f32[B, L], mask f32[B, L], max_completion_length, num_tokens_global)
+-> f32[]``."""
+
+
+def _check_aggregation_args(loss_type, max_completion_length) -> None:
+    if loss_type not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss_type {loss_type!r}; known: {sorted(LOSS_AGGREGATIONS)}")
+    if max_completion_length is not None:
+        if isinstance(max_completion_length, bool) or not isinstance(
+            max_completion_length, numbers.Integral
+        ):
+            raise TypeError(
+                "max_completion_length must be a Python int, got "
+                f"{type(max_completion_length).__name__}"
+            )
+        if max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+
+
+def aggregate_loss(
+    values: Array,
+    mask: Array,
+    *,
+    loss_type: str,
+    max_completion_length: int | None = None,
+    num_tokens_global: Array | int | None = None,
+) -> Array:
+    """Reduces per-token values to a scalar the way ``policy_loss`` does.
+
+    Args:
+      values: float ``[B, L]`` per-token values (e.g. a per-token loss).
+      mask: bool or float ``[B, L]``; 1/True marks completion tokens.
+      loss_type: a key of ``LOSS_AGGREGATIONS`` ("grpo", "bnpo", "dr_grpo", "dapo").
+      max_completion_length: static int, required for "dr_grpo".
+      num_tokens_global: int or scalar array, the global batch's token count ("dapo").
+
+    Returns:
+      float32 scalar ``[]``. Masked-out values are ignored even if they are NaN or inf.
+    """
+    _check_aggregation_args(loss_type, max_completion_length)
+    if jnp.ndim(values) != 2 or jnp.shape(mask) != jnp.shape(values):
+        raise ValueError(
+            f"aggregate_loss: values must be [B, L] and mask the same shape, got "
+            f"{jnp.shape(values)} and {jnp.shape(mask)}"
+        )
+    m = jnp.asarray(mask).astype(jnp.float32)
+    v = jnp.where(m != 0, jnp.asarray(values, jnp.float32), 0.0)
+    return LOSS_AGGREGATIONS[loss_type](v, m, max_completion_length, num_tokens_global)
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+def _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+                  max_completion_length, entropy, entropy_coef) -> None:
+    """Eager validation of the non-array arguments of ``policy_loss``."""
+    _check_aggregation_args(loss_type, max_completion_length)
+    if loss_type == "dr_grpo" and max_completion_length is None:
+        raise ValueError("loss_type 'dr_grpo' requires max_completion_length")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {kl_estimator!r}; known: {sorted(KL_ESTIMATORS)}")
+    for name, value in (("epsilon_low", epsilon_low), ("epsilon_high", epsilon_high)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    if not 0.0 < epsilon_low < 1.0:
+        raise ValueError(f"epsilon_low must be in (0, 1), got {epsilon_low}")
+    if not epsilon_high > 0.0:
+        raise ValueError(f"epsilon_high must be > 0, got {epsilon_high}")
+    if isinstance(beta, numbers.Real):
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if beta > 0 and ref_logp is None:
+            raise ValueError(f"beta={beta} > 0 requires ref_logp")
+    elif ref_logp is None:
+        raise ValueError("a non-constant beta requires ref_logp")
+    if isinstance(entropy_coef, numbers.Real):
+        if entropy_coef != 0 and entropy is None:
+            raise ValueError(f"entropy_coef={entropy_coef} != 0 requires entropy")
+    elif entropy is None:
+        raise ValueError("a non-constant entropy_coef requires entropy")
+
+
+def _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy) -> None:
+    shape = jnp.shape(logp)
+    if len(shape) != 2:
+        raise ValueError(f"logp must be [B, L], got shape {shape}")
+    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp),
+                      ("entropy", entropy)):
+        if arr is not None and jnp.shape(arr) != shape:
+            raise ValueError(f"{name} shape {jnp.shape(arr)} != logp shape {shape}")
+    if jnp.shape(advantages) != shape[:1]:
+        raise ValueError(f"advantages must be [B]={shape[:1]}, got {jnp.shape(advantages)}")
+
+
+def policy_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    loss_type: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta: float | Array = 0.0,
+    ref_logp: Array | None = None,
+    max_completion_length: int | None = None,
+    kl_estimator: str = "k3",
+    num_tokens_global: Array | int | None = None,
+    entropy: Array | None = None,
+    entropy_coef: float | Array = 0.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Clipped token-level policy-gradient loss (GRPO / Dr. GRPO / DAPO / BNPO).
+
+    Args:
+      logp: float ``[B, L]`` log-probs of the sampled completion tokens, current policy.
+      old_logp: float ``[B, L]``, the policy that sampled them (constant).
+      advantages: float ``[B]``, one per sequence (constant).
+      mask: bool or float ``[B, L]``; 1/True on completion tokens, 0 on padding.
+      loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (see the module docstring).
+      epsilon_low: static float in (0, 1); ratios below ``1 - epsilon_low`` are clipped.
+      epsilon_high: static float > 0; ratios above ``1 + epsilon_high`` are clipped (DAPO's
+        clip-higher uses ``epsilon_high > epsilon_low``).
+      beta: KL coefficient >= 0 (float or scalar array); > 0 requires ``ref_logp``.
+      ref_logp: float ``[B, L]`` under the reference model (constant), or None.
+      max_completion_length: static int, required for "dr_grpo".
+      kl_estimator: "k1", "k2" or "k3" (see ``KL_ESTIMATORS``).
+      num_tokens_global: masked-token count of the global batch, for "dapo".
+      entropy: float ``[B, L]`` per-token policy entropy, or None.
+      entropy_coef: coefficient of the entropy bonus (subtracted from the loss).
+
+    Returns:
+      ``(loss, metrics)``: ``loss`` float32 ``[]``; ``metrics`` float32 scalars, token means
+      over this batch's masked tokens unless noted: "clip_frac_low" (ratio < 1 - epsilon_low
+      and A < 0), "clip_frac_high" (ratio > 1 + epsilon_high and A > 0), "ratio_mean",
+      "ratio_max" (0 if no token), "kl" (0 without ``ref_logp``), "entropy" (0 without
+      ``entropy``), "pg_loss" (the loss without KL/entropy terms, aggregated by ``loss_type``).
+
+    Raises:
+      ValueError: unknown loss_type/kl_estimator, epsilons out of range, beta > 0 without
+        ref_logp, "dr_grpo" without max_completion_length, shape mismatches.
+    """
+    _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+                  max_completion_length, entropy, entropy_coef)
+    _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy)
+
+    m = jnp.asarray(mask).astype(jnp.float32)
+    valid = m != 0
+
+    def clean(x, constant):
+        x = jnp.where(valid, jnp.asarray(x, jnp.float32), 0.0)
+        return jax.lax.stop_gradient(x) if constant else x
+
+    logp = clean(logp, False)
+    old_logp = clean(old_logp, True)
+    adv = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))[:, None]
+
+    ratio = jnp.exp(logp - old_logp)
+    clipped = jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    pg_tok = -jnp.minimum(ratio * adv, clipped * adv)
+    tok = pg_tok
+
+    if ref_logp is not None:
+        kl_tok = KL_ESTIMATORS[kl_estimator](logp, clean(ref_logp, True))
+        tok = tok + beta * kl_tok
+    if entropy is not None:
+        ent_tok = clean(entropy, False)
+        tok = tok - entropy_coef * ent_tok
+
+    aggregate = LOSS_AGGREGATIONS[loss_type]
+    loss = aggregate(tok, m, max_completion_length, num_tokens_global)
+    pg_loss = aggregate(pg_tok, m, max_completion_length, num_tokens_global)
+
+    n_tok = jnp.maximum(jnp.sum(m), 1.0)
+
+    def token_mean(x):
+        return jnp.sum(jax.lax.stop_gradient(x) * m) / n_tok
+
+    ratio_sg = jax.lax.stop_gradient(ratio)
+    metrics = {
+        "clip_frac_low": token_mean((ratio_sg < 1.0 - epsilon_low) & (adv < 0)),
+        "clip_frac_high": token_mean((ratio_sg > 1.0 + epsilon_high) & (adv > 0)),
+        "ratio_mean": token_mean(ratio_sg),
+        "ratio_max": jnp.max(jnp.where(valid, ratio_sg, 0.0)),
+        "kl": token_mean(kl_tok) if ref_logp is not None else jnp.zeros((), jnp.float32),
+        "entropy": token_mean(ent_tok) if entropy is not None else jnp.zeros((), jnp.float32),
+        "pg_loss": jax.lax.stop_gradient(pg_loss),
+    }
+    return loss, metrics
