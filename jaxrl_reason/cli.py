@@ -1,0 +1,107 @@
+"""Command line: `jaxrl-reason {train,sft,eval,sample} --config FILE[:ARG] [--config.a.b=v ...]`.
+
+    jaxrl-reason train  --config configs/arith_grpo.py [--workdir DIR] [--resume]
+                        [--init_checkpoint DIR]          # skip the cold start
+    jaxrl-reason sft    --config configs/arith_grpo.py [--workdir DIR]
+    jaxrl-reason eval   --checkpoint DIR [--config FILE] [--data FILE.jsonl] [--out FILE]
+    jaxrl-reason sample --checkpoint DIR --prompt TEXT [--greedy] [--max-new-tokens N]
+
+Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
+that does not exist is an error. Flags may be spelled with dashes or underscores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from absl import flags
+from ml_collections import config_flags
+
+COMMANDS = ("train", "sft", "eval", "sample")
+
+
+def _flag_values(command: str) -> flags.FlagValues:
+    fv = flags.FlagValues()
+    needs_config = command in ("train", "sft")
+    config_flags.DEFINE_config_file(
+        "config", None, "experiment config file (`path.py` or `path.py:smoke`)",
+        flag_values=fv, lock_config=True)
+    flags.DEFINE_string("workdir", None, "run directory (default runs/<config.name>)",
+                        flag_values=fv)
+    if command in ("train", "sft"):
+        flags.DEFINE_bool("resume", False, "continue from the workdir's checkpoints",
+                          flag_values=fv)
+    if command == "train":
+        flags.DEFINE_string("init_checkpoint", None,
+                            "start RL from this checkpoint instead of a cold-start SFT",
+                            flag_values=fv)
+    if command in ("eval", "sample"):
+        flags.DEFINE_string("checkpoint", None, "run workdir or phase checkpoint directory",
+                            flag_values=fv, required=True)
+    if command == "eval":
+        flags.DEFINE_string("data", None, "JSONL file of {prompt, answer} records to evaluate "
+                            "on instead of the task's held-out sets", flag_values=fv)
+        flags.DEFINE_string("out", None, "JSON report path (default <checkpoint>/eval.json)",
+                            flag_values=fv)
+    if command == "sample":
+        flags.DEFINE_string("prompt", None, "prompt text", flag_values=fv, required=True)
+        flags.DEFINE_bool("greedy", False, "argmax decoding", flag_values=fv)
+        flags.DEFINE_integer("max_new_tokens", 128, "completion budget", flag_values=fv)
+        flags.DEFINE_float("temperature", 1.0, "sampling temperature", flag_values=fv)
+        flags.DEFINE_integer("num_samples", 1, "completions to print", flag_values=fv)
+        flags.DEFINE_integer("seed", 0, "sampling seed", flag_values=fv)
+    if needs_config:
+        flags.mark_flag_as_required("config", flag_values=fv)
+    return fv
+
+
+def _normalize(argv: Sequence[str]) -> list[str]:
+    """`--max-new-tokens=3` -> `--max_new_tokens=3` (config overrides are left alone)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and not arg.startswith("--config"):
+            name, eq, value = arg[2:].partition("=")
+            arg = "--" + name.replace("-", "_") + eq + value
+        out.append(arg)
+    return out
+
+
+def _usage() -> str:
+    return __doc__.split("\n\n")[1] if __doc__ else "jaxrl-reason COMMAND ..."
+
+
+def parse(argv: Sequence[str]):
+    """(command, parsed FlagValues) from a full argv; SystemExit(2) with a message on error."""
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        given = argv[1] if len(argv) > 1 else "nothing"
+        sys.stderr.write(f"jaxrl-reason: expected a command in {COMMANDS}, got {given}\n\n"
+                         f"{_usage()}\n")
+        raise SystemExit(2)
+    command = argv[1]
+    fv = _flag_values(command)
+    try:
+        fv([f"jaxrl-reason {command}"] + _normalize(argv[2:]))
+    except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
+        sys.stderr.write(f"jaxrl-reason {command}: {e}\n")
+        raise SystemExit(2) from None
+    return command, fv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    command, fv = parse(argv)
+    # Imported after parsing so that `--help` and flag errors are instant.
+    from jaxrl_reason import commands
+    try:
+        return getattr(commands, command)(fv)
+    except (ValueError, FileNotFoundError) as e:
+        sys.stderr.write(f"jaxrl-reason {command}: error: {e}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

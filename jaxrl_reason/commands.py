@@ -1,0 +1,165 @@
+"""The CLI commands as functions of parsed flags: train, sft, eval, sample.
+
+`train` runs the R1 recipe end to end: tokenizer -> cold-start SFT -> RL -> evaluation of
+both checkpoints, printing a before/after table and writing `<workdir>/eval.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxrl_reason import eval_runner
+from jaxrl_reason.data.pipeline import jsonl_source
+from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.rl.trainer import RLTrainer
+from jaxrl_reason.run_state import load_params, phase_dir, resolve_checkpoint_dir
+from jaxrl_reason.runtime import build_runtime
+from jaxrl_reason.sft import run_sft
+from jaxrl_reason.validation import check_config
+
+
+def _workdir(fv, config) -> str:
+    return fv.workdir or os.path.join("runs", config.name)
+
+
+def _prepare(fv):
+    """Validated config, workdir, runtime and metrics writer of a train/sft command."""
+    config = fv.config
+    check_config(config, jax.device_count())
+    workdir = _workdir(fv, config)
+    if not fv.resume and os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise ValueError(f"workdir {workdir!r} already holds checkpoints: pass --resume to "
+                         f"continue that run or --workdir to start a new one")
+    os.makedirs(workdir, exist_ok=True)
+    rt = build_runtime(config, workdir)
+    writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
+                           enabled=jax.process_index() == 0)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=1))
+    return config, workdir, rt, writer
+
+
+def _say(text: str) -> None:
+    if jax.process_index() == 0:
+        print(text, flush=True)
+
+
+def sft(fv) -> int:
+    config, workdir, rt, writer = _prepare(fv)
+    _say(f"[sft] {rt.model_cfg.num_params:,} params, mesh {dict(rt.mesh.shape)}, "
+         f"workdir {workdir}")
+    run_sft(rt, writer, resume=fv.resume)
+    writer.close()
+    _say(f"[sft] done: {phase_dir(workdir, 'sft')}")
+    return 0
+
+
+def train(fv) -> int:
+    config, workdir, rt, writer = _prepare(fv)
+    _say(f"[train] {config.name}: {rt.model_cfg.num_params:,} params, tokenizer "
+         f"{rt.tokenizer.vocab_size} pieces, mesh {dict(rt.mesh.shape)}, workdir {workdir}")
+    t_start = time.time()
+    timings = {}
+
+    # 1. Cold start (or a given checkpoint).
+    t0 = time.time()
+    if fv.init_checkpoint:
+        params, model_cfg, _, _ = load_params(fv.init_checkpoint, rt.mesh, rt.rules)
+        if model_cfg != rt.model_cfg:
+            raise ValueError(f"--init_checkpoint {fv.init_checkpoint!r} holds a model "
+                             f"{model_cfg} that differs from the config's {rt.model_cfg}")
+        start_name = "init"
+    else:
+        params = run_sft(rt, writer, resume=fv.resume)
+        start_name = "sft"
+    timings["sft_s"] = time.time() - t0
+
+    # 2. Evaluate the starting point, 3. RL, 4. evaluate the result.
+    reports_path = os.path.join(workdir, "eval.json")
+    reports = {}
+    if os.path.isfile(reports_path) and fv.resume:
+        with open(reports_path) as f:
+            reports = json.load(f).get("reports", {})
+    t0 = time.time()
+    if start_name not in reports:
+        reports[start_name] = eval_runner.evaluate(rt, params, label=f"/{start_name}",
+                                                   progress=config.log.progress_bar)
+    timings["eval_before_s"] = time.time() - t0
+
+    t0 = time.time()
+    trainer = RLTrainer(rt, writer, init_params=params)
+    params = trainer.run(resume=fv.resume)
+    timings["rl_s"] = time.time() - t0
+
+    t0 = time.time()
+    reports["rl"] = eval_runner.evaluate(rt, params, label="/rl",
+                                         progress=config.log.progress_bar)
+    timings["eval_after_s"] = time.time() - t0
+    timings["total_s"] = time.time() - t_start
+    writer.close()
+
+    table = eval_runner.comparison_table(reports, config.eval.num_samples)
+    if jax.process_index() == 0:
+        eval_runner.write_report(reports_path, {"reports": reports, "timings": timings,
+                                                "table": table})
+    _say(f"\n{table}\n\ntimings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+    _say(f"report: {reports_path}; metrics: {os.path.join(workdir, 'metrics.jsonl')}")
+    return 0
+
+
+def _config_from_checkpoint(meta) -> ml_collections.ConfigDict:
+    config = meta.get("config")
+    if not config:
+        raise ValueError("checkpoint metadata holds no config; pass --config")
+    return ml_collections.ConfigDict(json.loads(config))
+
+
+def eval(fv) -> int:  # noqa: A001 (the command's name)
+    directory = resolve_checkpoint_dir(fv.checkpoint)
+    from jaxrl_reason.checkpointing import Checkpointer
+    meta = Checkpointer(directory).metadata()
+    config = fv.config if fv.config is not None else _config_from_checkpoint(meta)
+    rt0 = build_runtime(config, os.path.dirname(os.path.dirname(directory)) or ".")
+    params, _, tokenizer, _ = load_params(directory, rt0.mesh, rt0.rules)
+    rt = build_runtime(config, rt0.workdir, tokenizer=tokenizer)
+    sets = None
+    if fv.data:
+        sets = {os.path.basename(fv.data): jsonl_source(fv.data)}
+    report = eval_runner.evaluate(rt, params, sets, progress=config.log.progress_bar)
+    table = eval_runner.comparison_table({os.path.basename(directory): report},
+                                         config.eval.num_samples)
+    out = fv.out or os.path.join(directory, "eval.json")
+    eval_runner.write_report(out, {"checkpoint": directory, "report": report, "table": table})
+    _say(f"{table}\n\nreport: {out}")
+    return 0
+
+
+def sample(fv) -> int:
+    from jaxrl_reason.runtime import Runtime
+    from jaxrl_reason import sharding as shd
+    from jaxrl_reason.models.transformer import Transformer
+    from jaxrl_reason.sampling.sampler import Sampler, left_pad
+
+    mesh = shd.make_mesh({"data": -1})
+    rules = shd.DEFAULT_RULES
+    params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, rules)
+    model = Transformer(model_cfg)
+    sampler = Sampler(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
+                      rules=rules)
+    ids = tokenizer.encode(fv.prompt, add_bos=True)
+    tokens, valid = left_pad([ids], len(ids), tokenizer.pad_id)
+    put = lambda x: jax.device_put(x, shd.replicated(mesh))  # noqa: E731
+    out = sampler(params, put(tokens), put(valid), jax.random.key(fv.seed),
+                  num_samples=fv.num_samples, max_new_tokens=fv.max_new_tokens,
+                  temperature=0.0 if fv.greedy else fv.temperature)
+    toks, lens = jax.device_get((out.tokens, out.lengths))
+    for row, n in zip(toks, lens):
+        print(tokenizer.decode(row[:n]))
+    return 0

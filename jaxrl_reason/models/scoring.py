@@ -1,0 +1,65 @@
+"""Scoring given completions: per-token log-probs and entropies of a prompt + completion batch.
+
+Used by SFT (the loss), the RL trainer (policy, old and reference log-probs) and evaluation.
+The layout is the sampler's: prompts left-padded to a bucket, completions right-padded.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_reason.models.transformer import Transformer
+
+
+def sequence_inputs(prompt_tokens, prompt_valid, completion_tokens, completion_mask):
+    """Concatenates prompt and completion into model inputs.
+
+    Args:
+      prompt_tokens: int32 [N, Tp] left-padded; prompt_valid: bool [N, Tp].
+      completion_tokens: int32 [N, L] right-padded; completion_mask: bool/f32 [N, L].
+    Returns: (tokens int32 [N, Tp+L], positions int32 [N, Tp+L], valid bool [N, Tp+L]).
+    """
+    tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
+    valid = jnp.concatenate([prompt_valid, completion_mask.astype(bool)], axis=1)
+    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    return tokens, positions, valid
+
+
+def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
+                        completion_tokens, completion_mask, *, temperature: float = 1.0,
+                        with_entropy: bool = True):
+    """Log-probs (and entropies) of each completion token under the model.
+
+    The distribution is log_softmax(logits / temperature), the same one the sampler reports,
+    so that sampler and trainer log-probs are comparable.
+
+    Args:
+      model, params: the decoder and its params.
+      prompt_tokens: int32 [N, Tp]; prompt_valid: bool [N, Tp] (left-padded).
+      completion_tokens: int32 [N, L]; completion_mask: [N, L] (1 for real tokens).
+      temperature: python float > 0.
+    Returns:
+      logp f32 [N, L] (0 where masked) and entropy f32 [N, L] (zeros if not with_entropy).
+    """
+    tokens, positions, valid = sequence_inputs(prompt_tokens, prompt_valid, completion_tokens,
+                                               completion_mask)
+    prompt_len, length = prompt_tokens.shape[1], completion_tokens.shape[1]
+    # Hidden states at the positions that predict the completion tokens.
+    hidden, _ = model.apply({"params": params}, tokens[:, :-1], positions[:, :-1],
+                            valid[:, :-1], return_hidden=True)
+    hidden = hidden[:, prompt_len - 1: prompt_len - 1 + length]
+    logits = model.apply({"params": params}, hidden, method=Transformer.logits)
+    logprobs = jax.nn.log_softmax(logits / temperature, axis=-1)
+    logp = jnp.take_along_axis(logprobs, completion_tokens[..., None], axis=-1)[..., 0]
+    mask = completion_mask.astype(jnp.float32)
+    if with_entropy:
+        entropy = -jnp.sum(jnp.exp(logprobs) * logprobs, axis=-1)
+    else:
+        entropy = jnp.zeros_like(logp)
+    return logp * mask, entropy * mask
+
+
+def completion_mask_from_lengths(lengths: jax.Array, length: int) -> jax.Array:
+    """lengths int32 [N] -> f32 [N, length] with 1 for the first lengths[i] tokens."""
+    return (jnp.arange(length)[None, :] < lengths[:, None]).astype(jnp.float32)

@@ -1,0 +1,242 @@
+"""The RL loop: sample -> score -> advantages -> update -> log, one screen per step.
+
+Algorithms (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++) differ only in the config fields that
+name the advantage estimator, its scale, the loss aggregation, the clip range and the KL
+estimator; there is one trainer.
+
+Per step, with B prompts and G samples each (N = B * G rows, group-major):
+  1. sampler (jit, on the mesh, live params) -> tokens [N, L], lengths, sampler log-probs
+  2. dispatch reference (and, for num_iterations > 1, old-policy) log-probs on the device
+  3. meanwhile, host threads decode and verify the completions -> rewards [N]
+  4. group advantages [N]; `num_iterations` jitted, donated updates of the clipped loss
+  5. metrics to tensorboard, console and metrics.jsonl; checkpoint every k steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_reason.data.pipeline import example_iterator
+from jaxrl_reason.metrics import MetricsWriter, format_line
+from jaxrl_reason.models.scoring import completion_logprobs, completion_mask_from_lengths
+from jaxrl_reason.progress import ProgressBar
+from jaxrl_reason.rewards.pool import RewardPool
+from jaxrl_reason.rl.advantages import group_advantages, group_stats
+from jaxrl_reason.rl.losses import policy_loss
+from jaxrl_reason.run_state import PhaseCheckpointer
+from jaxrl_reason.runtime import Runtime, task_source
+from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
+                                      learning_rate_schedule, make_optimizer)
+
+TRAIN_SIZE = 10_000_000  # the procedurally generated training set is effectively unbounded
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """One step's device batch (N rows). Arrays are jax arrays on the mesh.
+
+    prompt_tokens int32 [N, Tp], prompt_valid bool [N, Tp], completion_tokens int32 [N, L],
+    mask f32 [N, L], sampler_logp f32 [N, L].
+    """
+    prompt_tokens: jax.Array
+    prompt_valid: jax.Array
+    completion_tokens: jax.Array
+    mask: jax.Array
+    sampler_logp: jax.Array
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def make_logprob_fn(model, temperature: float):
+    """Jitted (params, rollout arrays) -> logp f32 [N, L] (old-policy / reference scoring)."""
+
+    def fn(params, prompt_tokens, prompt_valid, completion_tokens, mask):
+        logp, _ = completion_logprobs(model, params, prompt_tokens, prompt_valid,
+                                      completion_tokens, mask, temperature=temperature,
+                                      with_entropy=False)
+        return logp
+
+    return jax.jit(fn)
+
+
+def make_update_fn(model, optimizer, rl):
+    """Jitted, state-donating policy update: (state, batch) -> (state, metrics)."""
+
+    def loss_fn(params, batch):
+        logp, entropy = completion_logprobs(
+            model, params, batch["prompt_tokens"], batch["prompt_valid"],
+            batch["completion_tokens"], batch["mask"], temperature=rl.temperature)
+        old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
+        return policy_loss(
+            logp, old, batch["advantages"], batch["mask"], loss_type=rl.loss_type,
+            epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
+            ref_logp=batch.get("ref_logp"), max_completion_length=rl.max_new_tokens,
+            kl_estimator=rl.kl_estimator, entropy=entropy)
+
+    def update(state: TrainState, batch):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        state, grad_norm = apply_gradients(state, grads, optimizer)
+        return state, {**metrics, "loss": loss, "grad_norm": grad_norm}
+
+    return jax.jit(update, donate_argnums=0)
+
+
+class RLTrainer:
+    """GRPO-family trainer on one mesh. `run()` executes `config.rl.steps` steps."""
+
+    def __init__(self, rt: Runtime, writer: MetricsWriter, *, init_params, ref_params=None):
+        self.rt, self.writer, self.rl = rt, writer, rt.config.rl
+        rl = self.rl
+        self.optimizer = make_optimizer(
+            learning_rate_schedule(rl.learning_rate, rl.warmup_steps, rl.steps, "constant"),
+            weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
+        self.state = create_train_state(init_params, self.optimizer)
+        # The frozen reference: a separate copy (the policy's buffers are donated).
+        self.ref_params = None
+        if rl.beta > 0:
+            src = init_params if ref_params is None else ref_params
+            self.ref_params = jax.tree.map(jnp.copy, src)
+        self.rng = jax.random.key(rt.config.seed + 1)
+        source = task_source(rt.config, "train", rt.config.task.train_levels, TRAIN_SIZE,
+                             seed=rt.config.seed + 1)
+        self.data = example_iterator(source, batch_size=rl.batch_prompts, seed=rt.config.seed)
+        self.rewards = RewardPool(dict(rt.config.rewards.weights),
+                                  num_workers=rt.config.rewards.num_workers,
+                                  timeout_s=rt.config.rewards.timeout_s)
+        self.logprob_fn = make_logprob_fn(rt.model, rl.temperature)
+        self.update_fn = make_update_fn(rt.model, self.optimizer, rl)
+        self.ckpt = PhaseCheckpointer(rt, "rl")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _extra(self) -> dict:
+        extra = {"rng": jax.random.key_data(self.rng)}
+        if self.ref_params is not None:
+            extra["ref_params"] = self.ref_params
+        return extra
+
+    def save(self, step: int) -> None:
+        self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra())
+
+    def restore(self) -> bool:
+        """Continues from the newest complete RL checkpoint; False when there is none."""
+        restored = self.ckpt.restore_latest(self.state, self._extra())
+        if restored is None:
+            return False
+        self.state, meta, extra = restored
+        self.data.set_state(meta["data_iterator"])
+        self.rng = jax.random.wrap_key_data(extra["rng"])
+        if self.ref_params is not None:
+            self.ref_params = extra["ref_params"]
+        return True
+
+    # ------------------------------------------------------------------ one step
+
+    def sample(self, examples: Sequence[Mapping[str, Any]], rng) -> tuple[Rollout, dict]:
+        """Rollouts for `examples` (G per prompt) and host copies of lengths/tokens."""
+        rt, rl = self.rt, self.rl
+        prompt_tokens, prompt_valid = rt.encode_prompts(examples)
+        pt, pv = rt.put_prompts(prompt_tokens), rt.put_prompts(prompt_valid)
+        out = rt.sampler(self.state.params, pt, pv, rng, num_samples=rl.num_generations,
+                         max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
+                         top_p=rl.top_p, top_k=rl.top_k)
+        host = jax.device_get({"tokens": out.tokens, "lengths": out.lengths,
+                               "truncated": out.truncated})
+        # Train on a length bucket that covers the longest completion, not the whole budget.
+        length = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
+                     rl.max_new_tokens)
+        rows = lambda x: rt.put(np.repeat(x, rl.num_generations, axis=0))  # noqa: E731
+        rollout = Rollout(
+            prompt_tokens=rows(prompt_tokens), prompt_valid=rows(prompt_valid),
+            completion_tokens=out.tokens[:, :length],
+            mask=completion_mask_from_lengths(out.lengths, length),
+            sampler_logp=out.logprobs[:, :length])
+        return rollout, host
+
+    def score(self, examples, host) -> Any:
+        """Starts host-side scoring; returns a future of BatchRewards."""
+        tok = self.rt.tokenizer
+        texts = [tok.decode(row[:n]) for row, n in zip(host["tokens"], host["lengths"])]
+        rows = [ex for ex in examples for _ in range(self.rl.num_generations)]
+        return self.rewards.submit(texts, rows)
+
+    def step(self, examples) -> dict[str, float]:
+        rl, times = self.rl, {}
+        self.rng, sample_rng = jax.random.split(self.rng)
+
+        t0 = time.time()
+        rollout, host = self.sample(examples, sample_rng)
+        times["time/sample_s"] = time.time() - t0
+
+        # Device work first (asynchronous dispatch), then host scoring while it runs.
+        t0 = time.time()
+        args = (rollout.prompt_tokens, rollout.prompt_valid, rollout.completion_tokens,
+                rollout.mask)
+        batch = {"prompt_tokens": rollout.prompt_tokens, "prompt_valid": rollout.prompt_valid,
+                 "completion_tokens": rollout.completion_tokens, "mask": rollout.mask}
+        if self.ref_params is not None:
+            batch["ref_logp"] = self.logprob_fn(self.ref_params, *args)
+        if rl.num_iterations > 1:
+            batch["old_logp"] = self.logprob_fn(self.state.params, *args)
+        rewards = self.score(examples, host).result()
+        times["time/score_s"] = time.time() - t0
+
+        t0 = time.time()
+        reward = self.rt.put(rewards.total)
+        batch["advantages"] = group_advantages(
+            reward, rl.num_generations, estimator=rl.advantage_estimator,
+            scale=rl.advantage_scale)
+        for _ in range(rl.num_iterations):
+            self.state, metrics = self.update_fn(self.state, batch)
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        times["time/train_s"] = time.time() - t0
+        return {**metrics, **self._rollout_metrics(rewards, host), **times}
+
+    def _rollout_metrics(self, rewards, host) -> dict[str, float]:
+        stats = group_stats(jnp.asarray(rewards.total), self.rl.num_generations)
+        lengths = host["lengths"]
+        out = {
+            "reward/mean": float(np.mean(rewards.total)),
+            "reward/std": float(np.std(rewards.total)),
+            "frac_zero_variance_groups": float(np.mean(stats["zero_variance"])),
+            "completion/length_mean": float(np.mean(lengths)),
+            "completion/length_max": float(np.max(lengths)),
+            "completion/truncated_frac": float(np.mean(host["truncated"])),
+        }
+        for name, values in rewards.components.items():
+            out[f"reward/{name}"] = float(np.mean(values))
+        if "correctness" in rewards.components:
+            out["accuracy"] = out["reward/correctness"]
+        for name in ("format_strict", "format_lenient"):
+            if name in rewards.components:
+                out["format_rate"] = out[f"reward/{name}"]
+        return out
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, resume: bool = True) -> Any:
+        """Runs the remaining RL steps; returns the final params."""
+        rl, cfg = self.rl, self.rt.config
+        if resume:
+            self.restore()
+        start = int(self.state.step) // rl.num_iterations
+        with ProgressBar(rl.steps, f"rl/{rl.algorithm}", enabled=cfg.log.progress_bar) as bar:
+            bar.update(start)
+            for step in range(start + 1, rl.steps + 1):
+                metrics = self.step(next(self.data))
+                self.writer.write(step, metrics, phase="rl")
+                bar.update(1, format_line(step, metrics, keys=("reward/mean", "accuracy", "kl",
+                                                               "completion/length_mean")))
+                if step % cfg.checkpoint.every_steps == 0 or step == rl.steps:
+                    self.save(step)
+        self.rewards.close()
+        self.ckpt.close()
+        return self.state.params

@@ -1,0 +1,129 @@
+"""Phase checkpoints of a run: what is saved, where, and how params come back for eval/sampling.
+
+Layout under the workdir:
+    tokenizer.model            the run's tokenizer (also inside every checkpoint's metadata)
+    checkpoints/sft/<step>/    cold-start SFT phase
+    checkpoints/rl/<step>/     RL phase
+
+A checkpoint's state is {"train_state": {step, params, opt_state}, **extra} (extra: RNG key
+data, reference params, ...) and its JSON metadata holds the phase, the data-iterator state,
+the model config, the tokenizer and the run config, so a checkpoint directory alone is
+enough to sample from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+
+from jaxrl_reason.checkpointing import Checkpointer, abstract_like
+from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.params import abstract_params, param_shardings
+from jaxrl_reason.tokenizers import Tokenizer
+from jaxrl_reason.train_state import TrainState
+
+PHASES = ("sft", "rl")
+
+
+def phase_dir(workdir: str, phase: str) -> str:
+    """<workdir>/checkpoints/<phase>."""
+    return os.path.join(workdir, "checkpoints", phase)
+
+
+def _state_tree(state: TrainState, extra: dict | None) -> dict:
+    tree = {"train_state": {"step": state.step, "params": state.params,
+                            "opt_state": state.opt_state}}
+    tree.update(extra or {})
+    return tree
+
+
+class PhaseCheckpointer:
+    """Saves/restores one phase's TrainState (+ extra arrays) with run metadata."""
+
+    def __init__(self, rt, phase: str):
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+        self.rt, self.phase = rt, phase
+        self.ckpt = Checkpointer(phase_dir(rt.workdir, phase),
+                                 max_to_keep=rt.config.checkpoint.max_to_keep)
+
+    def metadata(self, data_state: Any, extra_meta: dict | None = None) -> dict:
+        return {
+            "phase": self.phase,
+            "data_iterator": data_state,
+            "model_config": dataclasses.asdict(self.rt.model_cfg),
+            "tokenizer": self.rt.tokenizer.serialized,
+            "config": self.rt.config.to_json_best_effort(),
+            **(extra_meta or {}),
+        }
+
+    def save(self, step: int, state: TrainState, data_state: Any, *,
+             extra: dict | None = None, extra_meta: dict | None = None) -> None:
+        """Saves `state` (+ `extra` arrays) as `step` and waits until it is complete."""
+        self.ckpt.save(step, _state_tree(state, extra), self.metadata(data_state, extra_meta),
+                       force=True)
+        self.ckpt.wait_until_finished()
+
+    def restore_latest(self, template: TrainState, extra: dict | None = None):
+        """(state, metadata[, extra]) from the newest complete step, or None if there is none.
+
+        `template` (and `extra`) give the structure, shapes and target shardings.
+        """
+        step = self.ckpt.latest_step()
+        if step is None:
+            return None
+        tree, meta = self.ckpt.restore(step, abstract_state=abstract_like(
+            _state_tree(template, extra)))
+        ts = tree.pop("train_state")
+        state = TrainState(step=ts["step"], params=ts["params"], opt_state=ts["opt_state"])
+        return (state, meta, tree) if extra is not None else (state, meta)
+
+    def latest_step(self) -> int | None:
+        return self.ckpt.latest_step()
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+def resolve_checkpoint_dir(path: str) -> str:
+    """A phase checkpoint directory from a run workdir or a phase directory.
+
+    Given a workdir, the RL phase wins over SFT. Raises FileNotFoundError with what exists.
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint path {path!r} does not exist")
+    for phase in reversed(PHASES):
+        candidate = phase_dir(path, phase)
+        if os.path.isdir(candidate) and Checkpointer(candidate).latest_step() is not None:
+            return candidate
+    if Checkpointer(path).latest_step() is not None:
+        return path
+    raise FileNotFoundError(
+        f"no complete checkpoint under {path!r}: expected a run workdir (with "
+        f"checkpoints/sft or checkpoints/rl) or a phase checkpoint directory")
+
+
+def load_params(path: str, mesh, rules, step: int | None = None):
+    """Loads params, model config and tokenizer from a checkpoint (any phase).
+
+    Args:
+      path: a run workdir or a phase checkpoint directory.
+      mesh, rules: target layout of the params.
+    Returns: (params, ModelConfig, Tokenizer, metadata).
+    """
+    directory = resolve_checkpoint_dir(path)
+    ckpt = Checkpointer(directory)
+    step = ckpt.latest_step() if step is None else step
+    meta = ckpt.metadata(step)
+    model_cfg = ModelConfig(**meta["model_config"])
+    tokenizer = Tokenizer.from_serialized(meta["tokenizer"])
+    shardings = param_shardings(model_cfg, mesh, rules)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract_params(model_cfg), shardings)
+    tree, _ = ckpt.restore(step, abstract_state={"train_state": {"params": target}},
+                           partial=True)
+    ckpt.close()
+    return tree["train_state"]["params"], model_cfg, tokenizer, meta

@@ -1,0 +1,127 @@
+"""Everything a run builds from its config before any step: mesh, tokenizer, model, sampler, data.
+
+`build_runtime` is shared by `sft`, `train`, `eval` and `sample`, so all of them see the
+same tokenizer, the same model shapes and the same mesh for the same config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxrl_reason import sharding as shd
+from jaxrl_reason.data import arithmetic
+from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.sampling.sampler import Sampler, left_pad, pick_bucket
+from jaxrl_reason.tokenizers import Tokenizer, train_tokenizer
+
+TOKENIZER_FILE = "tokenizer.model"
+
+
+@dataclasses.dataclass
+class Runtime:
+    """The built pieces of a run (no params: those come from init or a checkpoint)."""
+    config: ml_collections.ConfigDict
+    workdir: str
+    mesh: Mesh
+    rules: tuple
+    tokenizer: Tokenizer
+    model_cfg: ModelConfig
+    model: Transformer
+    sampler: Sampler
+
+    def encode_prompts(self, examples: Sequence[Mapping[str, Any]]):
+        """Tokenizes and left-pads the prompts of `examples` to the smallest fitting bucket.
+
+        Returns numpy (tokens int32 [P, Tp], valid bool [P, Tp]). Raises ValueError naming
+        the example when a prompt is longer than every bucket.
+        """
+        ids = [self.tokenizer.encode(e["prompt"], add_bos=True) for e in examples]
+        buckets = tuple(self.config.task.prompt_buckets)
+        for e, row in zip(examples, ids):
+            if len(row) > max(buckets):
+                raise ValueError(
+                    f"prompt of example {e.get('id', '?')!r} has {len(row)} tokens, longer than "
+                    f"the largest bucket in task.prompt_buckets={buckets}")
+        return left_pad(ids, pick_bucket((len(r) for r in ids), buckets), self.tokenizer.pad_id)
+
+    def put(self, array: np.ndarray) -> jax.Array:
+        """A host batch placed on the mesh, batch-sharded (rows must split evenly)."""
+        return shd.put_batch(self.mesh, self.rules, array)
+
+    def put_prompts(self, array: np.ndarray) -> jax.Array:
+        """Prompts for the sampler: batch-sharded when they split evenly, else replicated.
+
+        The sampler repeats each prompt G times after prefill; only those rows must split
+        over the data-parallel shards, not the (small) prompt batch itself.
+        """
+        if len(array) % shd.data_parallel_size(self.mesh, self.rules) == 0:
+            return self.put(array)
+        return jax.device_put(np.asarray(array), shd.replicated(self.mesh))
+
+
+def model_config(model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
+    """ModelConfig from the config's `model` block; vocab_size 0 takes the tokenizer's."""
+    fields = model.to_dict()
+    if not fields.get("vocab_size"):
+        fields["vocab_size"] = vocab_size
+    elif fields["vocab_size"] < vocab_size:
+        raise ValueError(f"model.vocab_size={fields['vocab_size']} is smaller than the "
+                         f"tokenizer's {vocab_size} pieces")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"model: unknown fields {unknown}; known fields: {sorted(known)}")
+    return ModelConfig(**fields)
+
+
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
+    """The run's tokenizer: `tokenizer.path` if set, else the workdir's, else a new one.
+
+    A newly trained tokenizer (deterministic for the config) is saved to the workdir so
+    that every later phase and a resumed run use the very same ids.
+    """
+    if config.tokenizer.path:
+        if not os.path.isfile(config.tokenizer.path):
+            raise FileNotFoundError(f"tokenizer.path={config.tokenizer.path!r} does not exist")
+        return Tokenizer.load(config.tokenizer.path)
+    saved = os.path.join(workdir, TOKENIZER_FILE)
+    if os.path.isfile(saved):
+        return Tokenizer.load(saved)
+    corpus = arithmetic.tokenizer_corpus(config.tokenizer.corpus_examples)
+    tokenizer = train_tokenizer(corpus, config.tokenizer.vocab_size)
+    os.makedirs(workdir, exist_ok=True)
+    tokenizer.save(saved)
+    return tokenizer
+
+
+def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
+                  tokenizer: Tokenizer | None = None,
+                  devices: Sequence[jax.Device] | None = None) -> Runtime:
+    """Builds mesh, tokenizer, model and sampler for `config` (no parameter allocation)."""
+    mesh = shd.make_mesh(dict(config.mesh), devices)
+    rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
+                  for name, axes in config.sharding_rules)
+    tokenizer = tokenizer or build_tokenizer(config, workdir)
+    model_cfg = model_config(config.model, tokenizer.vocab_size)
+    model = Transformer(model_cfg)
+    sampler = Sampler(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
+                      rules=rules)
+    return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
+                   model_cfg=model_cfg, model=model, sampler=sampler)
+
+
+def task_source(config: ml_collections.ConfigDict, split: str, levels: Sequence[int],
+                size: int, seed: int):
+    """The random-access example source of the configured task."""
+    if config.task.name != "arithmetic":
+        raise ValueError(f"task.name={config.task.name!r} is not a built-in task "
+                         f"(built-in: 'arithmetic')")
+    return arithmetic.ArithmeticSource(split, tuple(levels), size, seed)

@@ -1,0 +1,118 @@
+"""Cold-start supervised fine-tuning: masked next-token loss on completions only.
+
+The batch layout is the RL trainer's (prompts left-padded to a bucket, completions
+right-padded and ending with EOS), so SFT, RL and evaluation score sequences with the same
+`completion_logprobs`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxrl_reason import checkpointing
+from jaxrl_reason.data.pipeline import example_iterator
+from jaxrl_reason.metrics import MetricsWriter, format_line
+from jaxrl_reason.models.params import init_params
+from jaxrl_reason.models.scoring import completion_logprobs
+from jaxrl_reason.progress import ProgressBar
+from jaxrl_reason.runtime import Runtime, task_source
+from jaxrl_reason.run_state import PhaseCheckpointer
+from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
+                                      learning_rate_schedule, make_optimizer)
+
+
+def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]],
+              max_completion_length: int) -> dict[str, np.ndarray]:
+    """Tokenizes (prompt, completion) examples into the padded SFT batch.
+
+    Returns numpy arrays: prompt_tokens int32 [B, Tp], prompt_valid bool [B, Tp],
+    completion_tokens int32 [B, Lc], completion_mask f32 [B, Lc] (Lc = max_completion_length).
+    Raises ValueError naming the example whose completion does not fit.
+    """
+    prompt_tokens, prompt_valid = rt.encode_prompts(examples)
+    tokens = np.full((len(examples), max_completion_length), rt.tokenizer.pad_id, np.int32)
+    mask = np.zeros((len(examples), max_completion_length), np.float32)
+    for i, example in enumerate(examples):
+        ids = rt.tokenizer.encode(example["completion"], add_eos=True)
+        if len(ids) > max_completion_length:
+            raise ValueError(
+                f"SFT completion of example {example.get('id', i)!r} has {len(ids)} tokens, "
+                f"more than sft.max_completion_length={max_completion_length}")
+        tokens[i, :len(ids)] = ids
+        mask[i, :len(ids)] = 1.0
+    return {"prompt_tokens": prompt_tokens, "prompt_valid": prompt_valid,
+            "completion_tokens": tokens, "completion_mask": mask}
+
+
+def sft_loss(model, params, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean negative log-likelihood over completion tokens. Returns (loss f32 [], metrics)."""
+    logp, _ = completion_logprobs(model, params, batch["prompt_tokens"], batch["prompt_valid"],
+                                  batch["completion_tokens"], batch["completion_mask"],
+                                  with_entropy=False)
+    tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
+    loss = -jnp.sum(logp) / tokens
+    return loss, {"loss": loss, "tokens": tokens}
+
+
+def make_sft_step(model, optimizer):
+    """The jitted, state-donating SFT update: (state, batch) -> (state, metrics)."""
+
+    def step(state: TrainState, batch):
+        grad_fn = jax.value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
+        (_, metrics), grads = grad_fn(state.params)
+        state, grad_norm = apply_gradients(state, grads, optimizer)
+        return state, {**metrics, "grad_norm": grad_norm}
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
+            resume: bool = True) -> Any:
+    """Runs the cold-start SFT phase of `rt.config.sft` and returns the trained params.
+
+    Starts from `params` (random init from config.seed when None). With `resume`, continues
+    from the newest complete checkpoint in `<workdir>/checkpoints/sft`; a finished phase is
+    not re-run.
+    """
+    cfg = rt.config.sft
+    optimizer = make_optimizer(
+        learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.steps, "cosine"),
+        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+    if params is None:
+        params = init_params(rt.model_cfg, jax.random.key(rt.config.seed), rt.mesh, rt.rules)
+    state = create_train_state(params, optimizer)
+    source = task_source(rt.config, "train", rt.config.task.train_levels, cfg.num_examples,
+                         seed=rt.config.seed)
+    data = example_iterator(source, batch_size=cfg.batch_size, seed=rt.config.seed)
+
+    ckpt = PhaseCheckpointer(rt, "sft")
+    restored = ckpt.restore_latest(state) if resume else None
+    if restored is not None:
+        state, meta = restored
+        data.set_state(meta["data_iterator"])
+    start = int(state.step)
+    if start >= cfg.steps:
+        return state.params
+
+    step_fn = make_sft_step(rt.model, optimizer)
+    with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
+        bar.update(start)
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.time()
+            batch = sft_batch(rt, next(data), cfg.max_completion_length)
+            state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
+            metrics = {k: float(v) for k, v in metrics.items()}
+            metrics["step_time_s"] = time.time() - t0
+            writer.write(step, metrics, phase="sft")
+            bar.update(1, format_line(step, metrics, keys=("loss", "grad_norm")))
+            if step % rt.config.checkpoint.every_steps == 0 or step == cfg.steps:
+                ckpt.save(step, state, data.get_state())
+    ckpt.close()
+    return state.params

@@ -1,0 +1,60 @@
+"""Training state shared by SFT and RL: params + optimizer state + step, and the optimizer.
+
+The optimizer state is created by a jitted `init` whose outputs inherit the params' sharding
+(Adam moments have the params' shapes, so XLA lays them out like the params: FSDP shards the
+optimizer state for free).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class TrainState:
+    """step: int32 []; params: pytree of f32 arrays; opt_state: optax state (same sharding)."""
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
+                           decay: str = "cosine", final_fraction: float = 0.1) -> optax.Schedule:
+    """Linear warm-up to `peak`, then cosine decay to `final_fraction * peak` or constant."""
+    if decay not in ("cosine", "constant"):
+        raise ValueError(f"decay must be 'cosine' or 'constant', got {decay!r}")
+    warmup = optax.linear_schedule(0.0 if warmup_steps else peak, peak, max(warmup_steps, 1))
+    if decay == "constant":
+        after = optax.constant_schedule(peak)
+    else:
+        after = optax.cosine_decay_schedule(peak, max(total_steps - warmup_steps, 1),
+                                            alpha=final_fraction)
+    return optax.join_schedules([warmup, after], [warmup_steps])
+
+
+def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
+                   max_grad_norm: float, b1: float = 0.9, b2: float = 0.95,
+                   eps: float = 1e-8) -> optax.GradientTransformation:
+    """AdamW with global-norm gradient clipping (clipping skipped when max_grad_norm <= 0)."""
+    parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
+    parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+    return optax.chain(*parts)
+
+
+def create_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+    """A TrainState at step 0 whose optimizer state is laid out like `params`."""
+    opt_state = jax.jit(optimizer.init)(params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+
+def apply_gradients(state: TrainState, grads: Any,
+                    optimizer: optax.GradientTransformation) -> tuple[TrainState, jax.Array]:
+    """One optimizer update (call inside jit). Returns the new state and the gradient norm."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), optax.global_norm(grads)

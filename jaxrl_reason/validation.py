@@ -1,0 +1,146 @@
+"""Config validation before anything is compiled: every problem reported at once, by key.
+
+    problems = validate_config(config, num_devices)   # list of "key: what is wrong"
+    check_config(config, num_devices)                 # raises ConfigError listing all
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections
+
+from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES
+from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from jaxrl_reason.sharding import MESH_AXES, resolve_mesh_shape
+
+# Algorithms whose baseline is the group: they need at least two samples per prompt.
+GROUP_ESTIMATORS = ("grpo", "rloo")
+
+
+class ConfigError(ValueError):
+    """A config failed validation; `problems` lists each 'key: message'."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def _get(config, dotted: str, default: Any = None) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _positive_int(problems, config, key):
+    value = _get(config, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        problems.append(f"{key}: must be a positive integer, got {value!r}")
+        return None
+    return value
+
+
+def _in_range(problems, config, key, low, high, *, low_open=False, high_open=False):
+    value = _get(config, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        problems.append(f"{key}: must be a number, got {value!r}")
+        return
+    bad_low = value <= low if low_open else value < low
+    bad_high = value >= high if high_open else value > high
+    if bad_low or bad_high:
+        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+        problems.append(f"{key}: must be in {lo}{low}, {high}{hi}, got {value!r}")
+
+
+def _one_of(problems, config, key, choices):
+    value = _get(config, key)
+    if value not in choices:
+        problems.append(f"{key}: must be one of {sorted(choices)}, got {value!r}")
+
+
+def _mesh_problems(config, num_devices) -> tuple[list[str], int | None]:
+    try:
+        sizes = dict(zip(MESH_AXES, resolve_mesh_shape(dict(config.mesh), num_devices)))
+    except ValueError as e:
+        return [f"mesh: {e}"], None
+    rules = dict((name, axes) for name, axes in config.sharding_rules)
+    batch_axes = rules.get("batch") or ()
+    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    return [], math.prod(sizes[a] for a in batch_axes if a in sizes)
+
+
+def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list[str]:
+    """All problems of a train/sft/eval config, as 'key: message' strings (empty if valid)."""
+    problems: list[str] = []
+    mesh_problems, dp = _mesh_problems(config, num_devices)
+    problems += mesh_problems
+
+    levels = _get(config, "task.train_levels", ())
+    for key in ("task.train_levels",):
+        if not levels or not all(isinstance(v, int) and 1 <= v <= 5 for v in levels):
+            problems.append(f"{key}: must be a non-empty list of levels in 1..5, got {levels!r}")
+    for group in _get(config, "task.eval_levels", ()):
+        if not group or not all(isinstance(v, int) and 1 <= v <= 5 for v in group):
+            problems.append(f"task.eval_levels: each set must list levels in 1..5, got {group!r}")
+    buckets = _get(config, "task.prompt_buckets", ())
+    if not buckets or not all(isinstance(b, int) and b > 0 for b in buckets):
+        problems.append(f"task.prompt_buckets: must be positive integers, got {buckets!r}")
+
+    for key in ("sft.steps", "sft.batch_size", "sft.num_examples", "sft.max_completion_length",
+                "rl.steps", "rl.batch_prompts", "rl.num_generations", "rl.max_new_tokens",
+                "rl.num_iterations", "rl.train_length_bucket", "eval.num_problems",
+                "eval.num_samples", "eval.max_new_tokens", "eval.batch_prompts",
+                "checkpoint.every_steps", "checkpoint.max_to_keep", "rewards.num_workers"):
+        _positive_int(problems, config, key)
+    for key in ("sft.learning_rate", "rl.learning_rate"):
+        _in_range(problems, config, key, 0.0, 1.0, low_open=True)
+    _in_range(problems, config, "rl.epsilon_low", 0.0, 1.0, low_open=True, high_open=True)
+    _in_range(problems, config, "rl.epsilon_high", 0.0, 10.0, low_open=True)
+    _in_range(problems, config, "rl.beta", 0.0, 1e3)
+    _in_range(problems, config, "rl.top_p", 0.0, 1.0, low_open=True)
+    _in_range(problems, config, "eval.top_p", 0.0, 1.0, low_open=True)
+    _in_range(problems, config, "rewards.timeout_s", 0.0, 3600.0, low_open=True)
+    _one_of(problems, config, "rl.loss_type", LOSS_AGGREGATIONS)
+    _one_of(problems, config, "rl.kl_estimator", KL_ESTIMATORS)
+    _one_of(problems, config, "rl.advantage_estimator", ADVANTAGE_ESTIMATORS)
+    _one_of(problems, config, "rl.advantage_scale", ADVANTAGE_SCALES)
+
+    group = _get(config, "rl.num_generations")
+    if (isinstance(group, int) and group < 2
+            and _get(config, "rl.advantage_estimator") in GROUP_ESTIMATORS):
+        problems.append(
+            f"rl.num_generations: {_get(config, 'rl.advantage_estimator')} needs a group of at "
+            f"least 2 samples per prompt (its baseline is the group), got {group}")
+    prompts = _get(config, "rl.batch_prompts")
+    if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
+        problems.append(
+            f"rl.batch_prompts: {prompts} prompts x {group} generations = {prompts * group} "
+            f"rows do not split over the {dp} data-parallel shards of the mesh")
+    sft_batch = _get(config, "sft.batch_size")
+    if dp and isinstance(sft_batch, int) and sft_batch % dp:
+        problems.append(f"sft.batch_size: {sft_batch} does not split over the {dp} "
+                        f"data-parallel shards of the mesh")
+    n, eval_prompts = _get(config, "eval.num_samples"), _get(config, "eval.batch_prompts")
+    if dp and isinstance(n, int) and isinstance(eval_prompts, int) and (n * eval_prompts) % dp:
+        problems.append(f"eval.batch_prompts: {eval_prompts} prompts x {n} samples do not "
+                        f"split over the {dp} data-parallel shards of the mesh")
+    bucket = _get(config, "rl.train_length_bucket")
+    if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \
+            and bucket > config.rl.max_new_tokens:
+        problems.append(f"rl.train_length_bucket: {bucket} exceeds rl.max_new_tokens "
+                        f"{config.rl.max_new_tokens}")
+    weights = _get(config, "rewards.weights", {})
+    if not weights:
+        problems.append("rewards.weights: at least one reward component is needed")
+    return problems
+
+
+def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
+    """Raises ConfigError listing every problem of `config` (see `validate_config`)."""
+    problems = validate_config(config, num_devices)
+    if problems:
+        raise ConfigError(problems)
