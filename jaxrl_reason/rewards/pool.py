@@ -1,0 +1,302 @@
+"""Weighted composition of registered rewards, scored on a host thread pool.
+
+The trainer submits a batch, dispatches its device work, then collects the rewards:
+
+    with RewardPool({"correctness": 1.0, "format_strict": 0.1}) as pool:
+        future = pool.submit(completions, examples)   # returns at once
+        ...                                           # device work runs meanwhile
+        rewards = future.result()                     # BatchRewards
+
+A batch never stalls or crashes the caller: a component that raises scores 0 ("<name>/
+exception"), one returning NaN/inf scores 0 ("<name>/nonfinite"), and every call still
+running `timeout_s` after the batch started scores 0 ("<name>/timeout") while the batch
+returns. Python threads cannot be killed, so a thread stuck in such a call is abandoned and
+replaced by a fresh one; it exits on its own if the call ever returns.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from jaxrl_reason.rewards.base import RewardFunction, RewardResult, get_reward
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRewards:
+    """Rewards of one batch of N completions.
+
+    Attributes:
+      total: [N] float32, sum over components of weight * score.
+      components: name -> [N] float32 unweighted scores of that component.
+      reasons: counts of "<component>/<reason>" tags (e.g. "correctness/wrong").
+      seconds: wall time the pool spent scoring the batch (host verifier time).
+    """
+
+    total: np.ndarray
+    components: dict[str, np.ndarray]
+    reasons: collections.Counter
+    seconds: float
+
+
+def _score_one(
+    fn: RewardFunction, completion: str, example: Mapping[str, Any]
+) -> tuple[float, str | None]:
+    """Call a reward function; (score, reason) with failures mapped to score 0."""
+    try:
+        out = fn(completion, example)
+        if isinstance(out, RewardResult):
+            score, reason = float(out.score), out.reason
+        elif isinstance(out, (bool, int, float, np.number)):
+            score, reason = float(out), None
+        else:
+            raise TypeError(
+                f"reward returned {type(out).__name__}, expected RewardResult or float"
+            )
+    except Exception as exc:  # a verifier must never crash a step
+        _log.debug("reward %r raised: %r", getattr(fn, "__name__", fn), exc, exc_info=True)
+        return 0.0, "exception"
+    if not math.isfinite(score):
+        return 0.0, "nonfinite"
+    return score, reason
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+class _Batch:
+    """Shared state of one batch: work items are (item, component) pairs claimed in order."""
+
+    def __init__(
+        self,
+        fns: list[tuple[str, RewardFunction]],
+        completions: list[str],
+        examples: list[Mapping[str, Any]],
+    ):
+        self.fns, self.completions, self.examples = fns, completions, examples
+        self.size = len(completions) * len(fns)
+        self.scores = np.zeros(self.size, np.float64)
+        self.reasons: list[str | None] = ["timeout"] * self.size
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._remaining = self.size
+        self.done = threading.Event()
+        self.expired = False
+        if self.size == 0:
+            self.done.set()
+
+    def claim(self) -> int | None:
+        """The next unclaimed work index, or None when none is left or the batch expired."""
+        index = next(self._counter)
+        return None if index >= self.size or self.expired else index
+
+    def run(self, index: int) -> tuple[float, str | None]:
+        item, comp = divmod(index, len(self.fns))
+        return _score_one(self.fns[comp][1], self.completions[item], self.examples[item])
+
+    def record(self, index: int, score: float, reason: str | None) -> None:
+        with self._lock:
+            if self.expired:
+                return
+            self.scores[index], self.reasons[index] = score, reason
+            self._remaining -= 1
+            if self._remaining == 0:
+                self.done.set()
+
+    def expire(self) -> None:
+        """Stop accepting results; unfinished work keeps its "timeout" reason and score 0."""
+        with self._lock:
+            self.expired = True
+
+
+class _WorkerState:
+    def __init__(self) -> None:
+        self.current: _Batch | None = None
+        self.retired = False
+
+
+class RewardPool:
+    """Scores batches with a weighted sum of registered rewards on `num_workers` threads.
+
+    Args:
+      weights: reward name -> weight (finite float; 0 computes the component for logging
+        without adding it to the total). Names must be registered (see `available_rewards`).
+      num_workers: worker threads (>= 1).
+      timeout_s: wall-time limit of one batch, counted from when the pool starts it
+        (batches run one after another in submission order). Size it for the batch: every
+        call not finished by then scores 0 with reason "<name>/timeout".
+    """
+
+    def __init__(
+        self, weights: Mapping[str, float], *, num_workers: int = 4, timeout_s: float = 5.0
+    ):
+        if not isinstance(weights, Mapping) or not weights:
+            raise ValueError(
+                f"RewardPool: weights must be a non-empty mapping name -> float, got {weights!r}"
+            )
+        self._weights: dict[str, float] = {}
+        for name, weight in weights.items():
+            if not _is_real(weight) or not math.isfinite(weight):
+                raise ValueError(
+                    f"RewardPool: weight of {name!r} must be a finite number, got {weight!r}"
+                )
+            self._weights[name] = float(weight)
+        self._fns = [(name, get_reward(name)) for name in self._weights]
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(
+                f"RewardPool: num_workers must be an int >= 1, got {num_workers!r}"
+            )
+        if not _is_real(timeout_s) or not timeout_s > 0 or not math.isfinite(timeout_s):
+            raise ValueError(
+                f"RewardPool: timeout_s must be a positive finite number, got {timeout_s!r}"
+            )
+        self.num_workers, self.timeout_s = num_workers, float(timeout_s)
+        self.abandoned_threads = 0
+        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._pending: queue.SimpleQueue[tuple[_Batch, Future] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers: list[_WorkerState] = []
+        for _ in range(num_workers):
+            self._start_worker()
+        self._coordinator = threading.Thread(
+            target=self._coordinate, name="reward-pool-coordinator", daemon=True
+        )
+        self._coordinator.start()
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """A copy of the component weights."""
+        return dict(self._weights)
+
+    # ------------------------------------------------------------------------------ API
+
+    def submit(
+        self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
+    ) -> Future:
+        """Start scoring a batch; returns at once a Future of `BatchRewards` ([N] arrays).
+
+        Raises ValueError when the sequences differ in length, TypeError when a completion
+        is not a str or an example not a Mapping, RuntimeError after `close()`.
+        """
+        completions, examples = list(completions), list(examples)
+        if len(completions) != len(examples):
+            raise ValueError(
+                f"RewardPool.submit: {len(completions)} completions but {len(examples)} examples"
+            )
+        for i, (text, example) in enumerate(zip(completions, examples)):
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"RewardPool.submit: completions[{i}] is {type(text).__name__}, expected str"
+                )
+            if not isinstance(example, Mapping):
+                raise TypeError(
+                    f"RewardPool.submit: examples[{i}] is {type(example).__name__},"
+                    " expected a Mapping"
+                )
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardPool.submit called after close()")
+            self._pending.put((_Batch(self._fns, completions, examples), future))
+        return future
+
+    def score(
+        self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
+    ) -> BatchRewards:
+        """Score a batch and wait for it (see `submit`)."""
+        return self.submit(completions, examples).result()
+
+    def close(self) -> None:
+        """Finish the batches already submitted, then stop the threads. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending.put(None)
+        self._coordinator.join()
+        with self._lock:
+            for _ in self._workers:
+                self._jobs.put(None)
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------- threads
+
+    def _start_worker(self) -> None:
+        state = _WorkerState()
+        self._workers.append(state)
+        threading.Thread(
+            target=self._work, args=(state,), name="reward-pool-worker", daemon=True
+        ).start()
+
+    def _work(self, state: _WorkerState) -> None:
+        while True:
+            batch = self._jobs.get()
+            if batch is None:
+                return
+            state.current = batch
+            while (index := batch.claim()) is not None:
+                score, reason = batch.run(index)
+                batch.record(index, score, reason)
+                if state.retired:
+                    return
+            state.current = None
+
+    def _coordinate(self) -> None:
+        while (item := self._pending.get()) is not None:
+            batch, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            start = time.perf_counter()
+            for _ in range(self.num_workers):
+                self._jobs.put(batch)
+            if not batch.done.wait(self.timeout_s):
+                batch.expire()
+                self._replace_stuck(batch)
+            try:
+                future.set_result(self._collect(batch, time.perf_counter() - start))
+            except Exception as exc:
+                future.set_exception(exc)
+
+    def _replace_stuck(self, batch: _Batch) -> None:
+        with self._lock:
+            for state in list(self._workers):
+                if state.current is batch:
+                    state.retired = True
+                    self._workers.remove(state)
+                    self.abandoned_threads += 1
+                    self._start_worker()
+        _log.warning("reward batch hit its %.1fs timeout; %d thread(s) abandoned so far",
+                     self.timeout_s, self.abandoned_threads)
+
+    def _collect(self, batch: _Batch, seconds: float) -> BatchRewards:
+        n, c = len(batch.completions), len(batch.fns)
+        scores = batch.scores.reshape(n, c)
+        reasons: collections.Counter = collections.Counter()
+        for index, reason in enumerate(batch.reasons):
+            if reason is not None:
+                reasons[f"{batch.fns[index % c][0]}/{reason}"] += 1
+        components = {
+            name: scores[:, k].astype(np.float32) for k, (name, _) in enumerate(batch.fns)
+        }
+        weights = np.array([self._weights[name] for name, _ in batch.fns], np.float64)
+        total = (scores @ weights if n else np.zeros(0)).astype(np.float32)
+        return BatchRewards(total=total, components=components, reasons=reasons, seconds=seconds)

@@ -1,0 +1,153 @@
+"""Tests for RewardPool: weighting, failure handling, timeouts, concurrency."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jaxrl_reason.rewards import BatchRewards, RewardPool, RewardResult, register_reward
+
+_RELEASE = threading.Event()  # lets the hung test component finish at the end of the test
+
+
+@register_reward("_test_len")
+def _len_reward(completion, example):
+    return float(len(completion))
+
+
+@register_reward("_test_raises")
+def _raises(completion, example):
+    if completion == "bad":
+        raise RuntimeError("boom")
+    return RewardResult(0.0, "meh")
+
+
+@register_reward("_test_nonfinite")
+def _nonfinite(completion, example):
+    return {"nan": float("nan"), "inf": float("inf")}.get(completion, 1.0)
+
+
+@register_reward("_test_wrong_type")
+def _wrong_type(completion, example):
+    return "1.0"
+
+
+@register_reward("_test_hangs")
+def _hangs(completion, example):
+    if completion == "hang":
+        _RELEASE.wait(30.0)
+    return 1.0
+
+
+@register_reward("_test_slow")
+def _slow(completion, example):
+    time.sleep(0.2)
+    return 1.0
+
+
+def _examples(n):
+    return [{"prompt": "p", "answer": "4"} for _ in range(n)]
+
+
+def test_weighted_total_and_components():
+    texts = ["<think>x</think><answer>4</answer>", "<answer>5</answer>", "nothing"]
+    weights = {"correctness": 1.0, "format_lenient": 0.5, "_test_len": 0.0}
+    with RewardPool(weights, num_workers=2) as pool:
+        out = pool.score(texts, _examples(3))
+    assert isinstance(out, BatchRewards)
+    assert out.total.dtype == np.float32 and out.total.shape == (3,)
+    np.testing.assert_allclose(out.components["correctness"], [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(out.components["format_lenient"], [1.0, 0.5, 0.0])
+    np.testing.assert_allclose(out.components["_test_len"], [len(t) for t in texts])
+    np.testing.assert_allclose(out.total, [1.5, 0.25, 0.0])
+    assert out.reasons == {
+        "correctness/wrong": 1,
+        "correctness/no_answer": 1,
+        "format_lenient/no_think": 1,
+        "format_lenient/no_answer": 1,
+    }
+    assert out.seconds >= 0.0
+
+
+def test_exceptions_nonfinite_and_bad_types_score_zero():
+    texts = ["bad", "ok", "nan", "inf"]
+    weights = {"_test_raises": 1.0, "_test_nonfinite": 2.0, "_test_wrong_type": 1.0}
+    with RewardPool(weights, num_workers=3) as pool:
+        out = pool.score(texts, _examples(4))
+    np.testing.assert_allclose(out.components["_test_nonfinite"], [1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(out.total, [2.0, 2.0, 0.0, 0.0])
+    assert out.reasons["_test_raises/exception"] == 1
+    assert out.reasons["_test_raises/meh"] == 3
+    assert out.reasons["_test_nonfinite/nonfinite"] == 2
+    assert out.reasons["_test_wrong_type/exception"] == 4
+
+
+def test_hung_component_times_out_and_pool_keeps_working():
+    texts = ["a", "hang", "b", "hang", "c"]
+    try:
+        weights = {"_test_hangs": 1.0, "_test_len": 1.0}
+        with RewardPool(weights, num_workers=2, timeout_s=0.5) as pool:
+            start = time.monotonic()
+            out = pool.score(texts, _examples(5))
+            elapsed = time.monotonic() - start
+            assert elapsed < 1.5
+            assert out.reasons["_test_hangs/timeout"] >= 2
+            assert out.components["_test_hangs"][[1, 3]].tolist() == [0.0, 0.0]
+            assert pool.abandoned_threads >= 1
+            # The replacement threads score the next batch normally.
+            again = pool.score(["a", "b"], _examples(2))
+            np.testing.assert_allclose(again.total, [2.0, 2.0])
+            assert not again.reasons
+    finally:
+        _RELEASE.set()
+
+
+def test_submit_returns_at_once_and_runs_concurrently():
+    with RewardPool({"_test_slow": 1.0}, num_workers=4, timeout_s=5.0) as pool:
+        start = time.monotonic()
+        future = pool.submit(["x"] * 8, _examples(8))
+        assert time.monotonic() - start < 0.1
+        assert not future.done()
+        out = future.result(timeout=5.0)
+        elapsed = time.monotonic() - start
+    np.testing.assert_allclose(out.total, np.ones(8))
+    assert elapsed < 1.2  # 8 x 0.2 s on 4 threads is 0.4 s; serial would be 1.6 s
+
+
+def test_batches_in_order_and_empty_batch():
+    with RewardPool({"_test_len": 1.0}, num_workers=2) as pool:
+        futures = [pool.submit(["a" * i], _examples(1)) for i in range(5)]
+        assert [f.result().total[0] for f in futures] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        empty = pool.score([], [])
+    assert empty.total.shape == (0,) and empty.components["_test_len"].shape == (0,)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown reward"):
+        RewardPool({"nope": 1.0})
+    with pytest.raises(ValueError, match="finite"):
+        RewardPool({"_test_len": float("nan")})
+    with pytest.raises(ValueError, match="non-empty"):
+        RewardPool({})
+    with pytest.raises(ValueError, match="num_workers"):
+        RewardPool({"_test_len": 1.0}, num_workers=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        RewardPool({"_test_len": 1.0}, timeout_s=0)
+    pool = RewardPool({"_test_len": 1.0}, num_workers=1)
+    with pytest.raises(ValueError, match="2 completions but 1 examples"):
+        pool.submit(["a", "b"], _examples(1))
+    with pytest.raises(TypeError, match=r"completions\[1\]"):
+        pool.submit(["a", None], _examples(2))
+    with pytest.raises(TypeError, match=r"examples\[0\]"):
+        pool.submit(["a"], ["not a mapping"])
+    pool.close()
+    pool.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        pool.submit(["a"], _examples(1))
+
+
+def test_many_threads_share_the_math_verifier():
+    texts = ["\\boxed{\\sqrt{16}}", "\\boxed{2+2}", "<answer>4</answer>", "\\boxed{5}"] * 4
+    with RewardPool({"correctness": 1.0}, num_workers=4) as pool:
+        out = pool.score(texts, _examples(len(texts)))
+    np.testing.assert_allclose(out.total, [1.0, 1.0, 1.0, 0.0] * 4)
