@@ -24,12 +24,14 @@ from ml_collections import config_flags
 COMMANDS = ("train", "sft", "eval", "sample")
 
 
-def _flag_values(command: str) -> flags.FlagValues:
+def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
     fv = flags.FlagValues()
     needs_config = command in ("train", "sft")
+    # sys_argv: ml_collections finds the `--config.a.b=v` overrides in it (by default it
+    # reads sys.argv, which is wrong when `main` is called with its own argv).
     config_flags.DEFINE_config_file(
         "config", None, "experiment config file (`path.py` or `path.py:smoke`)",
-        flag_values=fv, lock_config=True)
+        flag_values=fv, lock_config=True, sys_argv=list(argv))
     flags.DEFINE_string("workdir", None, "run directory (default runs/<config.name>)",
                         flag_values=fv)
     if command in ("train", "sft"):
@@ -74,6 +76,25 @@ def _usage() -> str:
     return __doc__.split("\n\n")[1] if __doc__ else "jaxrl-reason COMMAND ..."
 
 
+def _error_text(e: Exception, argv: Sequence[str]) -> str:
+    """A one-line reason for a flag error (no embedded tracebacks, unknown keys named)."""
+    missing = e if isinstance(e, KeyError) else e.__context__  # AttributeError wraps it
+    if isinstance(missing, KeyError):
+        key = str(missing.args[0]).strip("'\"") if missing.args else ""
+        named = [a.split("=", 1)[0] for a in argv
+                 if a.startswith("--config.") and key in a.split("=", 1)[0].split(".")]
+        return (f"unknown config key {key!r} in {', '.join(named) or 'a --config override'} "
+                f"(overrides must name existing keys)")
+    text = str(e)
+    if isinstance(e, OSError):
+        text = "cannot load the config file: " + " ".join(text.split())
+    elif "Traceback (most recent call last)" in text:
+        head = text.split("Error whilst parsing", 1)[0].strip()
+        last = [line for line in text.strip().splitlines() if line.strip()][-1]
+        text = f"{head} cannot load the config: {last}"
+    return text
+
+
 def parse(argv: Sequence[str]):
     """(command, parsed FlagValues) from a full argv; SystemExit(2) with a message on error."""
     if len(argv) < 2 or argv[1] not in COMMANDS:
@@ -82,11 +103,14 @@ def parse(argv: Sequence[str]):
                          f"{_usage()}\n")
         raise SystemExit(2)
     command = argv[1]
-    fv = _flag_values(command)
+    args = [f"jaxrl-reason {command}"] + _normalize(argv[2:])
+    fv = _flag_values(command, args)
     try:
-        fv([f"jaxrl-reason {command}"] + _normalize(argv[2:]))
-    except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
-        sys.stderr.write(f"jaxrl-reason {command}: {e}\n")
+        fv(args)
+        if fv.config is not None:
+            fv.config.get("name")  # a config file that failed to load raises only on access
+    except (flags.Error, KeyError, ValueError, AttributeError, TypeError, OSError) as e:
+        sys.stderr.write(f"jaxrl-reason {command}: {_error_text(e, args)}\n")
         raise SystemExit(2) from None
     return command, fv
 

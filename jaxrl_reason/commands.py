@@ -62,6 +62,8 @@ def sft(fv) -> int:
 
 
 def train(fv) -> int:
+    if fv.init_checkpoint:
+        resolve_checkpoint_dir(fv.init_checkpoint)  # fail before the workdir is created
     config, workdir, rt, writer = _prepare(fv)
     _say(f"[train] {config.name}: {rt.model_cfg.num_params:,} params, tokenizer "
          f"{rt.tokenizer.vocab_size} pieces, mesh {dict(rt.mesh.shape)}, workdir {workdir}")

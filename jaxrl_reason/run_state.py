@@ -22,6 +22,7 @@ import jax
 from jaxrl_reason.checkpointing import Checkpointer, abstract_like
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.params import abstract_params, param_shardings
+from jaxrl_reason.sharding import replicated
 from jaxrl_reason.tokenizers import Tokenizer
 from jaxrl_reason.train_state import TrainState
 
@@ -38,6 +39,15 @@ def _state_tree(state: TrainState, extra: dict | None) -> dict:
                             "opt_state": state.opt_state}}
     tree.update(extra or {})
     return tree
+
+
+def _on_mesh(x: jax.ShapeDtypeStruct, mesh) -> jax.ShapeDtypeStruct:
+    """Restore target of one leaf: single-device leaves (the step counter, RNG key data,
+    created uncommitted) come back replicated on `mesh`, since a restored array is committed
+    and a committed one-device array cannot enter a jit together with mesh-sharded params."""
+    if isinstance(x.sharding, jax.sharding.SingleDeviceSharding):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh))
+    return x
 
 
 class PhaseCheckpointer:
@@ -75,8 +85,9 @@ class PhaseCheckpointer:
         step = self.ckpt.latest_step()
         if step is None:
             return None
-        tree, meta = self.ckpt.restore(step, abstract_state=abstract_like(
-            _state_tree(template, extra)))
+        target = jax.tree.map(lambda x: _on_mesh(x, self.rt.mesh),
+                              abstract_like(_state_tree(template, extra)))
+        tree, meta = self.ckpt.restore(step, abstract_state=target)
         ts = tree.pop("train_state")
         state = TrainState(step=ts["step"], params=ts["params"], opt_state=ts["opt_state"])
         return (state, meta, tree) if extra is not None else (state, meta)

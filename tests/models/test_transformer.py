@@ -1,0 +1,247 @@
+"""The decoder: config validation, parameter counts and axes, RoPE, masking, KV cache, scoring."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_reason import models, sharding as shd
+from jaxrl_reason.models import scoring
+from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.sampling.sampler import positions_from_valid
+
+RULES = shd.DEFAULT_RULES
+
+
+def is_axes(t):
+    """A logical-axes leaf: a tuple of names (or None)."""
+    return isinstance(t, tuple) and all(isinstance(n, (str, type(None))) for n in t)
+
+
+@pytest.fixture(scope="module")
+def mesh1():
+    return shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def model_and_params(mesh1):
+    cfg = models.get_preset("test", init_std=0.2)
+    return Transformer(cfg), models.init_params(cfg, jax.random.key(0), mesh1, RULES)
+
+
+@pytest.fixture(scope="module")
+def forward(model_and_params):
+    model, params = model_and_params
+
+    @jax.jit
+    def fwd(tokens, positions, valid):
+        return model.apply({"params": params}, tokens, positions, valid)[0]
+
+    return fwd
+
+
+def _random_tokens(rng, shape, vocab=128):
+    return jnp.asarray(np.random.default_rng(rng).integers(1, vocab, size=shape), jnp.int32)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(n_kv_heads=3), "n_kv_heads=3 must divide n_heads=4"),
+    (dict(head_dim=15), "head_dim=15 must be even"),
+    (dict(activation="relu"), "activation must be one of"),
+    (dict(dtype="int8"), "dtype must be one of"),
+    (dict(n_layers=0), "n_layers must be a positive int"),
+    (dict(d_model=64.0), "d_model must be a positive int"),
+])
+def test_config_validation_errors(changes, match):
+    with pytest.raises(ValueError, match=match):
+        models.get_preset("test", **changes)
+
+
+def test_unknown_preset_names_known_ones():
+    with pytest.raises(ValueError, match="unknown model preset 'nope'.*tiny"):
+        models.get_preset("nope")
+
+
+_VARIANTS = [
+    dict(),
+    dict(tie_embeddings=False),
+    dict(qkv_bias=True),
+    dict(qk_norm=True),
+    dict(tie_embeddings=False, qkv_bias=True, qk_norm=True, activation="gelu_tanh",
+         embed_scale=True, final_logit_softcap=30.0),
+]
+
+
+@pytest.mark.parametrize("changes", _VARIANTS)
+def test_num_params_matches_abstract_params(changes):
+    cfg = models.get_preset("test", **changes)
+    assert models.count_params(models.abstract_params(cfg)) == cfg.num_params
+
+
+@pytest.mark.parametrize("changes", [_VARIANTS[0], _VARIANTS[-1]])
+def test_num_params_matches_initialised_params(changes, mesh1):
+    # Initialisation compiles (~2 s each), so only the two extreme variants are materialised.
+    cfg = models.get_preset("test", **changes)
+    params = models.init_params(cfg, jax.random.key(1), mesh1, RULES)
+    assert models.count_params(params) == cfg.num_params
+    assert ("lm_head" in params) == (not cfg.tie_embeddings)
+    for leaf in jax.tree.leaves(params):
+        assert leaf.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(params["final_norm"]["scale"]), 1.0)
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(tie_embeddings=False, qkv_bias=True,
+                                                   qk_norm=True)])
+def test_param_logical_axes_cover_every_leaf(changes):
+    cfg = models.get_preset("test", **changes)
+    shapes = models.abstract_params(cfg)
+    axes = models.param_logical_axes(cfg)
+    axes_leaves, axes_def = jax.tree.flatten(axes, is_leaf=is_axes)
+    shape_leaves, shape_def = jax.tree.flatten(shapes)
+    assert axes_def == shape_def
+    known = {name for name, _ in RULES}
+    for names, x in zip(axes_leaves, shape_leaves):
+        assert is_axes(names) and len(names) == x.ndim, (names, x.shape)
+        assert set(names) <= known, names
+    assert tuple(axes["embedding"]) == ("vocab", "embed")
+
+
+# ----------------------------------------------------------------------------- rope
+
+
+def _rope_numpy(x, positions, theta):
+    """x * cos + rotate_half(x) * sin, float64, with rotate_half(x) = [-x2, x1]."""
+    x = np.asarray(x, np.float64)
+    d = x.shape[-1]
+    inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
+    angles = np.asarray(positions, np.float64)[..., None] * inv_freq  # [B, T, d/2]
+    emb = np.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, d]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    rotated = np.concatenate([-x2, x1], axis=-1)
+    return x * np.cos(emb) + rotated * np.sin(emb)
+
+
+def test_rope_matches_numpy_rotate_half():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 3, 8)).astype(np.float32)
+    positions = np.array([[0, 1, 2, 3, 4], [0, 0, 7, 100, 2047]], np.int32)
+    got = models.rope(jnp.asarray(x), jnp.asarray(positions), 10_000.0)
+    assert got.shape == x.shape and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), _rope_numpy(x, positions, 10_000.0),
+                               rtol=1e-4, atol=1e-4)
+    # Position 0 is the identity; norms are preserved everywhere.
+    np.testing.assert_allclose(np.asarray(got)[1, 0], x[1, 0], atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(got), axis=-1),
+                               np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+def test_rope_keeps_dtype_and_dot_products_depend_on_offset_only():
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
+
+    def dot(m, n):
+        rq = models.rope(q, jnp.array([[m]]), 500.0)
+        rk = models.rope(k, jnp.array([[n]]), 500.0)
+        return float(jnp.sum(rq * rk))
+
+    assert dot(3, 1) == pytest.approx(dot(12, 10), rel=1e-4, abs=1e-4)
+    assert dot(3, 1) != pytest.approx(dot(3, 2), rel=1e-3)
+    assert models.rope(q.astype(jnp.bfloat16), jnp.array([[2]]), 500.0).dtype == jnp.bfloat16
+
+
+# ----------------------------------------------------------------------------- masking
+
+
+def test_causality(forward):
+    tokens = _random_tokens(0, (2, 8))
+    valid = jnp.ones((2, 8), bool)
+    positions = positions_from_valid(valid)
+    changed = tokens.at[:, 5].set((tokens[:, 5] + 1) % 128)
+    a, b = forward(tokens, positions, valid), forward(changed, positions, valid)
+    assert a.shape == (2, 8, 128) and a.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(a[:, :5]), np.asarray(b[:, :5]))
+    assert not np.allclose(np.asarray(a[:, 5:]), np.asarray(b[:, 5:]), atol=1e-3)
+
+
+def test_left_padding_invariance(forward):
+    prompt = np.asarray(_random_tokens(1, (5,)))
+    # Row 0: no padding. Row 1: three left pads holding junk tokens (must be masked out).
+    tokens_a = jnp.asarray(prompt[None], jnp.int32)
+    valid_a = jnp.ones((1, 5), bool)
+    tokens_b = jnp.asarray(np.concatenate([[77, 3, 120], prompt])[None], jnp.int32)
+    valid_b = jnp.asarray([[False] * 3 + [True] * 5])
+    logits_a = forward(tokens_a, positions_from_valid(valid_a), valid_a)
+    logits_b = forward(tokens_b, positions_from_valid(valid_b), valid_b)
+    np.testing.assert_allclose(np.asarray(logits_b[:, 3:]), np.asarray(logits_a), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits_b[0, -1]), np.asarray(logits_a[0, -1]),
+                               atol=1e-5)
+
+
+def test_kv_cache_prefill_then_decode_matches_full_forward(model_and_params, forward):
+    model, params = model_and_params
+    batch, prefix, total = 2, 5, 9
+    tokens = _random_tokens(2, (batch, total))
+    # Row 1 is left-padded by two junk slots.
+    valid = jnp.asarray([[True] * total, [False, False] + [True] * (total - 2)])
+    positions = positions_from_valid(valid)
+    full = forward(tokens, positions, valid)
+
+    apply = jax.jit(lambda t, p, kv, c, i: model.apply({"params": params}, t, p, kv, c, i))
+    cache = models.init_cache(model.cfg, batch, total)
+    key_valid = jnp.concatenate([valid[:, :prefix], jnp.zeros((batch, total - prefix), bool)], 1)
+    logits, cache = apply(tokens[:, :prefix], positions[:, :prefix], key_valid, cache,
+                          jnp.int32(0))
+    assert len(cache) == model.cfg.n_layers
+    assert cache[0]["k"].shape == (batch, total, model.cfg.n_kv_heads, model.cfg.head_dim)
+    np.testing.assert_allclose(np.asarray(logits[1, 2:]), np.asarray(full[1, 2:prefix]),
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(full[0, :prefix]), atol=1e-5)
+    for slot in range(prefix, total):
+        key_valid = key_valid.at[:, slot].set(True)
+        step, cache = apply(tokens[:, slot:slot + 1], positions[:, slot:slot + 1], key_valid,
+                            cache, jnp.int32(slot))
+        np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, slot]), atol=1e-5,
+                                   err_msg=f"slot {slot}")
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_completion_logprobs_match_manual_gather(model_and_params, forward, temperature):
+    model, params = model_and_params
+    prompt_len, length = 4, 5
+    prompt_tokens = _random_tokens(3, (3, prompt_len))
+    prompt_valid = jnp.asarray([[True] * 4, [False, True, True, True], [False, False, True, True]])
+    completion = _random_tokens(4, (3, length))
+    lengths = jnp.asarray([5, 2, 0])
+    mask = scoring.completion_mask_from_lengths(lengths, length)
+    np.testing.assert_array_equal(np.asarray(mask), [[1] * 5, [1, 1, 0, 0, 0], [0] * 5])
+
+    logp, entropy = jax.jit(lambda *a: scoring.completion_logprobs(
+        model, params, *a, temperature=temperature))(prompt_tokens, prompt_valid, completion, mask)
+    assert logp.shape == entropy.shape == (3, length)
+
+    # Manual: one full forward over prompt + completion, log_softmax(logits / T), gather.
+    tokens = jnp.concatenate([prompt_tokens, completion], axis=1)
+    valid = jnp.concatenate([prompt_valid, mask.astype(bool)], axis=1)
+    logits = np.asarray(forward(tokens, positions_from_valid(valid), valid), np.float64)
+    scaled = logits[:, prompt_len - 1: prompt_len - 1 + length] / temperature
+    scaled -= scaled.max(-1, keepdims=True)
+    logprobs = scaled - np.log(np.exp(scaled).sum(-1, keepdims=True))
+    want = np.take_along_axis(logprobs, np.asarray(completion)[..., None], -1)[..., 0]
+    want_entropy = -(np.exp(logprobs) * logprobs).sum(-1)
+    m = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(logp), want * m, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(entropy), want_entropy * m, atol=1e-4)
+    assert np.all(np.asarray(logp)[m == 0] == 0) and np.all(np.asarray(logp)[m == 1] < 0)
+
+    if temperature != 1.0:  # with_entropy=False once (an eager call is slow)
+        no_entropy = scoring.completion_logprobs(model, params, prompt_tokens, prompt_valid,
+                                                 completion, mask, temperature=temperature,
+                                                 with_entropy=False)
+        np.testing.assert_allclose(np.asarray(no_entropy[0]), np.asarray(logp), atol=1e-5)
+        assert np.all(np.asarray(no_entropy[1]) == 0)

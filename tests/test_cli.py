@@ -1,0 +1,339 @@
+"""The command line end to end on CPU: smoke runs of every config, resume, eval, sample, bad
+input, and the same RL numbers on 1 and 8 devices.
+
+Smoke runs are shared between tests through module-scoped caches (one run costs ~20-30 s).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrl_reason import cli
+from jaxrl_reason.checkpointing import Checkpointer
+from jaxrl_reason.validation import validate_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+ARITH = os.path.join(REPO, "configs", "arith_grpo.py")
+RL_KEYS = ("reward/mean", "accuracy", "format_rate", "kl", "entropy", "clip_frac_low",
+           "clip_frac_high", "completion/length_mean", "completion/length_max",
+           "frac_zero_variance_groups", "time/sample_s", "time/score_s", "time/train_s")
+QUIET = ("--config.log.progress_bar=False",)
+
+
+def run_cli(*args: str) -> int:
+    """`jaxrl-reason ARGS` in this process; the exit code (parse errors raise SystemExit)."""
+    try:
+        return cli.main(["jaxrl-reason", *args])
+    except SystemExit as e:
+        return e.code
+
+
+def read_metrics(workdir) -> list[dict]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def phase(lines: list[dict], name: str) -> list[dict]:
+    return [m for m in lines if m["phase"] == name]
+
+
+def load_config(path: str, arg: str | None = "smoke"):
+    spec = importlib.util.spec_from_file_location("config_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """config path -> workdir of a finished `train --config PATH:smoke` run (cached)."""
+    cache = {}
+
+    def get(path: str):
+        if path not in cache:
+            workdir = tmp_path_factory.mktemp("smoke") / "run"
+            rc = cli.main(["jaxrl-reason", "train", "--config", f"{path}:smoke",
+                           "--workdir", str(workdir)])
+            assert rc == 0
+            cache[path] = workdir
+        return cache[path]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def resumed_run(smoke_run, tmp_path_factory):
+    """(before, after): the arith smoke run's metrics, and a copy of it resumed to 4 RL steps."""
+    source = smoke_run(ARITH)
+    workdir = tmp_path_factory.mktemp("resumed") / "run"
+    shutil.copytree(source, workdir)
+    before = read_metrics(workdir)
+    rc = run_cli("train", "--config", f"{ARITH}:smoke", "--workdir", str(workdir), "--resume",
+                 "--config.rl.steps=4", *QUIET)
+    assert rc == 0
+    return before, workdir
+
+
+DEVICE_RUN_FLAGS = ("--config.rl.steps=4", "--config.eval.seeds=(0,)",
+                    "--config.eval.num_problems=8", "--config.eval.batch_prompts=8",
+                    "--config.log.tensorboard=False", *QUIET)
+
+
+@pytest.fixture(scope="module")
+def device_runs(tmp_path_factory):
+    """{1: workdir, 8: workdir}: the same smoke run in subprocesses with 1 and 8 CPU devices."""
+    root = tmp_path_factory.mktemp("devices")
+    procs = {}
+    for n in (1, 8):
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        cmd = [sys.executable, "-m", "jaxrl_reason.cli", "train", "--config",
+               f"{ARITH}:smoke", "--workdir", str(root / f"d{n}"), *DEVICE_RUN_FLAGS]
+        procs[n] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+    for n, proc in procs.items():
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{n}-device run failed:\n{out[-3000:]}"
+        assert f"'data': {n}" in out, out[:500]
+    return {n: root / f"d{n}" for n in procs}
+
+
+# --------------------------------------------------------------------------- smoke runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_path", CONFIGS, ids=os.path.basename)
+def test_smoke_train_writes_every_artifact(smoke_run, config_path):
+    workdir = smoke_run(config_path)
+    config = load_config(config_path)
+    lines = read_metrics(workdir)
+    sft, rl = phase(lines, "sft"), phase(lines, "rl")
+    assert [m["step"] for m in sft] == list(range(1, config.sft.steps + 1))
+    assert [m["step"] for m in rl] == list(range(1, config.rl.steps + 1))
+    assert all(np.isfinite(m["loss"]) for m in sft)
+    for m in rl:
+        missing = [k for k in RL_KEYS if k not in m]
+        assert not missing, f"RL step {m['step']} lacks {missing}"
+        assert all(np.isfinite(m[k]) for k in RL_KEYS), m
+        assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["format_rate"] <= 1.0
+        assert m["completion/length_max"] <= config.rl.max_new_tokens
+
+    with open(os.path.join(workdir, "eval.json")) as f:
+        report = json.load(f)
+    assert set(report["reports"]) == {"sft", "rl"}
+    for rep in report["reports"].values():
+        assert len(rep["sets"]) == len(config.task.eval_levels)
+        for summary in rep["sets"].values():
+            assert 0.0 <= summary["pass@1"]["mean"] <= 1.0
+            assert len(summary["pass@1"]["values"]) == len(config.eval.seeds)
+    assert "pass@1" in report["table"]
+
+    assert glob.glob(os.path.join(workdir, "tb", "events.out.tfevents*"))
+    for name, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
+        assert Checkpointer(os.path.join(workdir, "checkpoints", name)).latest_step() == steps
+
+
+@pytest.mark.slow
+def test_resume_continues_rl_without_rerunning_sft(resumed_run):
+    before, workdir = resumed_run
+    after = read_metrics(workdir)
+    assert phase(after, "sft") == phase(before, "sft")           # SFT not re-run
+    assert phase(after, "rl")[:2] == phase(before, "rl")          # old lines untouched
+    assert [m["step"] for m in phase(after, "rl")] == [1, 2, 3, 4]
+    assert Checkpointer(os.path.join(workdir, "checkpoints", "rl")).latest_step() == 4
+    with open(os.path.join(workdir, "eval.json")) as f:
+        assert set(json.load(f)["reports"]) == {"sft", "rl"}
+
+
+def test_train_on_existing_workdir_needs_resume(smoke_run, capsys):
+    workdir = smoke_run(ARITH)
+    capsys.readouterr()
+    assert run_cli("train", "--config", f"{ARITH}:smoke", "--workdir", str(workdir)) != 0
+    err = capsys.readouterr().err
+    assert "already holds checkpoints" in err and "--resume" in err
+    assert "Traceback" not in err
+
+
+def test_sample_prints_a_completion(smoke_run, capsys):
+    workdir = smoke_run(ARITH)
+    capsys.readouterr()
+    rc = run_cli("sample", "--checkpoint", str(workdir), "--prompt", "What is 2+3?", "--greedy",
+                 "--max-new-tokens", "8")
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert out.strip()
+
+
+def test_eval_on_a_jsonl_file_writes_a_report(smoke_run, tmp_path, capsys):
+    workdir = smoke_run(ARITH)
+    data = tmp_path / "probe.jsonl"
+    data.write_text('{"prompt": "What is 2+3?", "answer": "5"}\n'
+                    '{"prompt": "What is 17+25?", "answer": 42}\n'
+                    '{"prompt": "What is 9+9?", "answer": "18"}\n')
+    out = tmp_path / "report.json"
+    capsys.readouterr()
+    rc = run_cli("eval", "--checkpoint", str(workdir), "--data", str(data), "--out", str(out))
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["checkpoint"].endswith(os.path.join("checkpoints", "rl"))
+    (summary,) = report["report"]["sets"].values()
+    assert list(report["report"]["sets"]) == ["probe.jsonl"]
+    assert 0.0 <= summary["pass@1"]["mean"] <= 1.0
+    assert "probe.jsonl" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _fails(capsys, args, *needles, code=None):
+    """Runs the CLI, expects a non-zero exit whose stderr names the problem, no traceback."""
+    capsys.readouterr()
+    rc = run_cli(*args)
+    err = capsys.readouterr().err
+    assert rc not in (0, None), f"exit code {rc} for {args}"
+    if code is not None:
+        assert rc == code
+    assert "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in stderr:\n{err}"
+    return err
+
+
+SMOKE = f"{ARITH}:smoke"
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("--config.rl.not_a_key=1", ("not_a_key", "--config.rl.not_a_key")),
+    ("--config.no_such_block.x=1", ("no_such_block",)),
+    ("--config.rl.steps=many", ("rl.steps",)),
+])
+def test_bad_override_is_a_flag_error(capsys, tmp_path, override, needles):
+    _fails(capsys, ["train", "--config", SMOKE, "--workdir", str(tmp_path / "w"), override],
+           *needles, code=2)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("overrides, needles", [
+    (["--config.rl.num_generations=1"], ("rl.num_generations", "at least 2")),
+    # 3 prompts x 4 generations = 12 rows on 8 data-parallel shards.
+    (["--config.rl.batch_prompts=3"], ("rl.batch_prompts", "12 rows", "8 data-parallel")),
+    (["--config.sft.batch_size=12"], ("sft.batch_size", "8 data-parallel")),
+    (["--config.rl.loss_type=nope"], ("rl.loss_type", "nope")),
+])
+def test_invalid_config_is_refused_before_any_work(capsys, tmp_path, overrides, needles):
+    _fails(capsys, ["train", "--config", SMOKE, "--workdir", str(tmp_path / "w"), *overrides],
+           "invalid config", *needles, code=1)
+    assert not (tmp_path / "w").exists()
+
+
+def test_prompt_longer_than_every_bucket(capsys, tmp_path):
+    _fails(capsys, ["train", "--config", SMOKE, "--workdir", str(tmp_path / "w"),
+                    "--config.task.prompt_buckets=(4,)", *QUIET],
+           "task.prompt_buckets=(4,)", "longer than")
+
+
+@pytest.mark.parametrize("command", ["eval", "sample", "train"])
+def test_missing_checkpoint(capsys, tmp_path, command):
+    missing = str(tmp_path / "nowhere")
+    args = {"eval": ["eval", "--checkpoint", missing],
+            "sample": ["sample", "--checkpoint", missing, "--prompt", "What is 1+1?"],
+            "train": ["train", "--config", SMOKE, "--workdir", str(tmp_path / "w"),
+                      "--init_checkpoint", missing]}[command]
+    _fails(capsys, args, missing, "does not exist")
+    assert not (tmp_path / "w").exists()
+
+
+def test_checkpoint_dir_without_checkpoints(capsys, tmp_path):
+    _fails(capsys, ["eval", "--checkpoint", str(tmp_path)], "no complete checkpoint")
+
+
+@pytest.mark.parametrize("argv", [["bogus"], []])
+def test_unknown_or_missing_command(capsys, argv):
+    err = _fails(capsys, argv, "expected a command", code=2)
+    assert "jaxrl-reason train" in err  # usage is printed
+    if argv:
+        assert "bogus" in err
+
+
+def test_bad_config_argument(capsys, tmp_path):
+    _fails(capsys, ["train", "--config", f"{ARITH}:bogus", "--workdir", str(tmp_path / "w")],
+           "bogus", "smoke", code=2)
+
+
+def test_missing_config_file(capsys, tmp_path):
+    _fails(capsys, ["train", "--config", str(tmp_path / "nope.py"),
+                    "--workdir", str(tmp_path / "w")], "nope.py", code=2)
+
+
+def test_missing_required_flags(capsys):
+    _fails(capsys, ["train"], "--config", code=2)
+    _fails(capsys, ["sample", "--checkpoint", "x"], "--prompt", code=2)
+
+
+def test_validate_config_reports_every_problem_at_once():
+    config = load_config(ARITH)
+    assert validate_config(config, 8) == []
+    config.rl.num_generations = 1
+    config.rl.beta = -1.0
+    config.sft.learning_rate = 0.0
+    config.eval.num_samples = 0
+    config.rl.kl_estimator = "k9"
+    config.task.prompt_buckets = ()
+    problems = validate_config(config, 8)
+    for key in ("rl.num_generations", "rl.beta", "sft.learning_rate", "eval.num_samples",
+                "rl.kl_estimator", "task.prompt_buckets"):
+        assert any(p.startswith(key + ":") for p in problems), (key, problems)
+
+
+def test_validate_config_mesh_that_does_not_fit():
+    config = load_config(ARITH)
+    config.mesh.data = 3
+    problems = validate_config(config, 8)
+    assert problems and all(p.startswith("mesh:") for p in problems), problems
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+def _rl_numbers(workdir) -> dict[str, np.ndarray]:
+    rl = phase(read_metrics(workdir), "rl")
+    return {k: np.array([m[k] for m in rl]) for k in
+            ("loss", "pg_loss", "kl", "entropy", "grad_norm", "reward/mean", "accuracy",
+             "format_rate", "completion/length_mean", "completion/length_max")}
+
+
+EXACT = ("reward/mean", "accuracy", "format_rate", "completion/length_mean",
+         "completion/length_max")
+
+
+def _assert_same_rl(a, b):
+    for key in a:
+        if key in EXACT:   # same sampled tokens -> the very same rewards and lengths
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+def test_one_and_eight_devices_train_the_same(device_runs):
+    one, eight = (_rl_numbers(device_runs[n]) for n in (1, 8))
+    assert len(one["loss"]) == 4
+    _assert_same_rl(one, eight)
+    sft = [[m["loss"] for m in phase(read_metrics(device_runs[n]), "sft")] for n in (1, 8)]
+    np.testing.assert_allclose(sft[0], sft[1], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_resumed_run_matches_an_uninterrupted_one(resumed_run, device_runs):
+    _, workdir = resumed_run
+    _assert_same_rl(_rl_numbers(workdir), _rl_numbers(device_runs[8]))

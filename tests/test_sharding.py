@@ -1,0 +1,147 @@
+"""Mesh shapes, logical-axis rules, sharded parameter initialisation and batch placement."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_reason import models, sharding as shd
+
+RULES = shd.DEFAULT_RULES
+
+
+def is_axes(t):
+    """A logical-axes leaf: a tuple of names (or None)."""
+    return isinstance(t, tuple) and all(isinstance(n, (str, type(None))) for n in t)
+
+
+# ----------------------------------------------------------------------------- mesh shape
+
+
+@pytest.mark.parametrize("shape, want", [
+    ({"data": -1}, (8, 1, 1)),
+    ({"data": -1, "fsdp": 2}, (4, 2, 1)),
+    ({"data": 2, "fsdp": 2, "tensor": -1}, (2, 2, 2)),
+    ({"fsdp": -1, "tensor": 8}, (1, 1, 8)),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, (2, 2, 2)),
+    ({}, None),
+])
+def test_resolve_mesh_shape(shape, want):
+    if want is None:  # everything defaults to 1, which is not 8 devices
+        with pytest.raises(ValueError, match="need 1 devices, but 8 are available"):
+            shd.resolve_mesh_shape(shape, 8)
+    else:
+        assert shd.resolve_mesh_shape(shape, 8) == want
+    assert shd.resolve_mesh_shape({}, 1) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("shape, match", [
+    ({"data": -1, "fsdp": -1}, "at most one axis may be -1"),
+    ({"data": -1, "fsdp": 3}, r"product 3\) do not divide the 8 available devices"),
+    ({"data": 3}, "need 3 devices, but 8 are available"),
+    ({"data": 4, "fsdp": 4}, "need 16 devices"),
+    ({"data": 0, "fsdp": -1}, "positive or -1"),
+    ({"data": -2}, "positive or -1"),
+    ({"model": 8}, r"unknown axes \['model'\]"),
+])
+def test_resolve_mesh_shape_errors(shape, match):
+    with pytest.raises(ValueError, match=match):
+        shd.resolve_mesh_shape(shape, 8)
+
+
+@pytest.mark.parametrize("sizes", [(8, 1, 1), (2, 2, 2), (1, 8, 1)])
+def test_make_mesh_on_eight_devices(sizes):
+    assert jax.device_count() == 8
+    mesh = shd.make_mesh(dict(zip(shd.MESH_AXES, sizes)))
+    assert mesh.axis_names == shd.MESH_AXES
+    assert tuple(mesh.shape[a] for a in shd.MESH_AXES) == sizes
+    assert mesh.devices.shape == sizes
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def test_make_mesh_with_explicit_devices():
+    mesh = shd.make_mesh({"data": -1}, devices=jax.devices()[:2])
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 1}
+    with pytest.raises(ValueError, match="need 8 devices, but 2"):
+        shd.make_mesh({"data": 8}, devices=jax.devices()[:2])
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+def test_logical_to_spec_follows_rules_without_a_mesh():
+    assert shd.logical_to_spec(("vocab", "embed"), RULES) == P("tensor", "fsdp")
+    assert shd.logical_to_spec(("embed", "mlp"), RULES) == P("fsdp", "tensor")
+    assert shd.logical_to_spec((None, "head_dim", "unlisted"), RULES) == P(None, None, None)
+    # A mesh axis is used at most once per array: batch takes data+fsdp, embed gets nothing.
+    assert shd.logical_to_spec(("batch", "length", "embed"), RULES) == P(("data", "fsdp"),
+                                                                         None, None)
+    custom = (("embed", ("fsdp", "tensor")), ("mlp", "tensor"))
+    assert shd.logical_to_spec(("embed", "mlp"), custom) == P(("fsdp", "tensor"), None)
+    assert shd.logical_to_spec(("mlp", "embed"), custom) == P("tensor", "fsdp")
+
+
+def test_logical_to_spec_with_mesh_drops_trivial_and_non_dividing_axes():
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    spec = lambda names, shape: shd.logical_to_spec(names, RULES, shape, mesh)  # noqa: E731
+    assert spec(("vocab", "embed"), (128, 64)) == P("tensor", "fsdp")
+    assert spec(("vocab", "embed"), (127, 64)) == P(None, "fsdp")  # 127 % 2: replicated
+    assert spec(("batch", "length"), (8, 5)) == P(("data", "fsdp"), None)
+    assert spec(("batch", "length"), (6, 5)) == P(None, None)  # 6 % 4: replicated
+    # A replicated dimension does not use up its axes.
+    assert spec(("kv_heads", "mlp"), (3, 4)) == P(None, "tensor")
+    data_only = shd.make_mesh({"data": 8})
+    assert shd.logical_to_spec(("batch", "embed"), RULES, (16, 64), data_only) == P("data", None)
+    assert shd.logical_to_spec(("vocab", "embed"), RULES, (128, 64), data_only) == P(None, None)
+
+
+def test_tree_shardings_and_batch_sharding():
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    logical = {"w": ("embed", "mlp"), "b": ("mlp",)}
+    shapes = {"w": jax.ShapeDtypeStruct((64, 6), np.float32),
+              "b": jax.ShapeDtypeStruct((5,), np.float32)}
+    out = shd.tree_shardings(mesh, logical, shapes, RULES)
+    assert out["w"].spec == P("fsdp", "tensor") and out["b"].spec == P(None)
+    assert shd.batch_sharding(mesh, RULES, 3, 8).spec == P(("data", "fsdp"), None, None)
+    assert shd.data_parallel_size(mesh, RULES) == 4
+    assert shd.replicated(mesh).spec == P()
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+def test_init_params_on_a_2x2x2_mesh_follows_the_rules():
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    cfg = models.get_preset("test", vocab_size=129, tie_embeddings=False)  # 129 % 2 != 0
+    params = models.init_params(cfg, jax.random.key(0), mesh, RULES)
+    axes = jax.tree.leaves(models.param_logical_axes(cfg), is_leaf=is_axes)
+    leaves = jax.tree.leaves(params)
+    assert len(axes) == len(leaves)
+    used = set()
+    for names, leaf in zip(axes, leaves):
+        want = shd.logical_to_spec(names, RULES, leaf.shape, mesh)
+        assert leaf.sharding.mesh.shape == mesh.shape
+        assert tuple(leaf.sharding.spec) + (None,) * (leaf.ndim - len(leaf.sharding.spec)) \
+            == tuple(want) + (None,) * (leaf.ndim - len(want)), names
+        used.update(a for a in want if a is not None)
+    assert {"fsdp", "tensor"} <= used  # the test is not vacuous
+    # vocab=129 does not split over tensor=2, so it is replicated; embed=64 splits over fsdp.
+    assert tuple(params["embedding"].sharding.spec) == (None, "fsdp")
+    assert params["embedding"].addressable_shards[0].data.shape == (129, 32)
+    assert tuple(params["lm_head"].sharding.spec) == ("fsdp", None)
+    q_kernel = params["layer_0"]["attn"]["q_proj"]["kernel"]  # embed, heads, head_dim
+    assert q_kernel.addressable_shards[0].data.shape == (32, 2, 16)
+
+
+def test_put_batch_splits_rows_or_fails_clearly():
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    batch = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
+    placed = shd.put_batch(mesh, RULES, batch)
+    np.testing.assert_array_equal(np.asarray(placed), batch)
+    assert placed.sharding.spec == P(("data", "fsdp"), None)
+    assert placed.addressable_shards[0].data.shape == (2, 3)
+    with pytest.raises(ValueError, match="batch of 6 rows does not split over the 4"):
+        shd.put_batch(mesh, RULES, batch[:6])
+    one_device = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    np.testing.assert_array_equal(np.asarray(shd.put_batch(one_device, RULES, batch[:5])),
+                                  batch[:5])
