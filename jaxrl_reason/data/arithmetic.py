@@ -10,14 +10,15 @@ carry/borrow of each, then states the result:
 
 Difficulty levels (operands, digits per operand, operators):
     1: 2 operands, 1-2 digits, +
-    2: 2 operands, 2-3 digits, + or -
-    3: 2 operands of 3-4 digits (+ or -), or 3 operands of 2-3 digits (+)
-    4: 2 operands of 4-5 digits (+ or -), or 3 operands of 3-4 digits (+)
-    5: 2 operands of 5-6 digits (+ or -), or 4 operands of 3-4 digits (+)
+    2: 2 operands, 2 digits, + or -
+    3: 2 operands, 3 digits, + or -
+    4: 2 operands, 4 digits, + or -
+    5: 3 operands, 3-4 digits, +
 
 Train and eval splits are disjoint by construction: a problem belongs to the eval split iff a
-hash of its canonical text falls in the eval bucket (1 in `EVAL_BUCKETS`), so no seed or size
-can make an eval problem appear in training.
+hash of its canonical form (sorted operands for a sum, so 3+5 and 5+3 are one problem) falls
+in the eval bucket (1 in `EVAL_BUCKETS`), so no seed or size can make an eval problem, or a
+reordering of one, appear in training.
 """
 
 from __future__ import annotations
@@ -34,16 +35,24 @@ SPLITS = ("train", "eval")
 # level -> list of (num_operands, min_digits, max_digits, operators) variants.
 _LEVELS: dict[int, list[tuple[int, int, int, str]]] = {
     1: [(2, 1, 2, "+")],
-    2: [(2, 2, 3, "+-")],
-    3: [(2, 3, 4, "+-"), (3, 2, 3, "+")],
-    4: [(2, 4, 5, "+-"), (3, 3, 4, "+")],
-    5: [(2, 5, 6, "+-"), (4, 3, 4, "+")],
+    2: [(2, 2, 2, "+-")],
+    3: [(2, 3, 3, "+-")],
+    4: [(2, 4, 4, "+-")],
+    5: [(3, 3, 4, "+")],
 }
 
 
+def canonical_problem(expression: str) -> str:
+    """'589+347' -> '347+589' (a sum's operands sorted); differences are unchanged."""
+    if "+" in expression:
+        return "+".join(sorted(expression.split("+"), key=int))
+    return expression
+
+
 def problem_split(expression: str) -> str:
-    """'eval' or 'train' for a canonical expression such as '347+589' (hash bucket)."""
-    bucket = int.from_bytes(hashlib.sha256(expression.encode()).digest()[:8], "big")
+    """'eval' or 'train' for an expression such as '347+589' (hash of its canonical form)."""
+    key = canonical_problem(expression).encode()
+    bucket = int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
     return "eval" if bucket % EVAL_BUCKETS == 0 else "train"
 
 

@@ -33,7 +33,8 @@ def test_answers_equal_python_eval(split, level):
 
 def test_level_shapes():
     """Operand counts and digit ranges follow the level table of the module docstring."""
-    allowed = {1: ({2}, 1, 2, "+"), 2: ({2}, 2, 3, "+-")}
+    allowed = {1: ({2}, 1, 2, "+"), 2: ({2}, 2, 2, "+-"), 3: ({2}, 3, 3, "+-"),
+               4: ({2}, 4, 4, "+-"), 5: ({3}, 3, 4, "+")}
     for level, (counts, lo, hi, ops) in allowed.items():
         for ex in _examples("train", level, 200):
             expression = _expression(ex)
@@ -43,8 +44,16 @@ def test_level_shapes():
             assert set(re.sub(r"\d", "", expression)) <= set(ops)
     ops_seen = {op for ex in _examples("train", 2, 200) for op in "+-" if op in ex["prompt"]}
     assert ops_seen == {"+", "-"}
-    five = [_expression(ex) for ex in _examples("train", 5, 200)]
-    assert any(len(e.split("+")) == 4 for e in five) and any("-" in e for e in five)
+
+
+def test_reordered_sums_share_a_split():
+    """3+5 and 5+3 are one problem: a reordering of an eval problem is never trained on."""
+    for ex in _examples("eval", 3, 200):
+        expression = _expression(ex)
+        if "+" in expression:
+            a, b = expression.split("+")
+            assert ar.problem_split(f"{b}+{a}") == "eval"
+    assert ar.canonical_problem("589+347") == "347+589" == ar.canonical_problem("347+589")
 
 
 @pytest.mark.parametrize("level", LEVELS)
