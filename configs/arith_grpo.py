@@ -60,14 +60,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.prompt_buckets = (16, 32)        # prompt lengths (tokens) programs are compiled for
 
     c.sft = ml_collections.ConfigDict()
-    c.sft.num_examples = 64 if smoke else 2000   # cold-start traces (a true cold start)
-    c.sft.steps = 4 if smoke else 200       # optimizer steps
+    c.sft.num_examples = 64 if smoke else 3000   # cold-start traces (a true cold start)
+    c.sft.steps = 4 if smoke else 400       # optimizer steps (about 4 epochs)
     c.sft.batch_size = 16 if smoke else 32  # sequences per step
-    c.sft.learning_rate = 1e-3              # peak AdamW learning rate
-    c.sft.warmup_steps = 1 if smoke else 20 # linear warm-up, then cosine decay to 10%
+    c.sft.learning_rate = 2e-3              # peak AdamW learning rate
+    c.sft.warmup_steps = 1 if smoke else 30 # linear warm-up, then cosine decay to 10%
     c.sft.weight_decay = 0.01               # AdamW weight decay
     c.sft.max_grad_norm = 1.0               # global-norm gradient clipping
-    c.sft.max_completion_length = 128       # completion bucket (tokens incl. EOS)
+    c.sft.max_completion_length = 96        # completion bucket (tokens incl. EOS)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.algorithm = "grpo"                 # name for logs; the pieces below define it
@@ -103,7 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.seeds = (0, 1) if smoke else (0, 1, 2)  # sampling seeds (mean and 95% interval)
     c.eval.temperature = 1.0                # sampling temperature of the evaluation
     c.eval.top_p = 1.0
-    c.eval.max_new_tokens = 32 if smoke else 160  # budget (covers the level above training)
+    c.eval.max_new_tokens = 32 if smoke else 128  # budget (covers the level above training)
     c.eval.batch_prompts = 16 if smoke else 50  # prompts per sampler call
     c.eval.data_seed = 1234                 # seed of the held-out problem sets
 

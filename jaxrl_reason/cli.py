@@ -7,15 +7,14 @@
     jaxrl-reason sample --checkpoint DIR --prompt TEXT [--greedy] [--max-new-tokens N]
 
 Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
-that does not exist is an error. Flags may be spelled with dashes or underscores.
+that does not exist is an error. Flags may be spelled with dashes or underscores. Bad input
+ends with a one-line message; set JAXRL_REASON_DEBUG=1 to see the traceback instead.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from typing import Sequence
 
 from absl import flags
@@ -123,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return getattr(commands, command)(fv)
     except (ValueError, FileNotFoundError) as e:
+        if os.environ.get("JAXRL_REASON_DEBUG"):
+            raise  # the full traceback, for bugs rather than bad input
         sys.stderr.write(f"jaxrl-reason {command}: error: {e}\n")
         return 1
 

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import jax
 import ml_collections
-import numpy as np
 
 from jaxrl_reason import eval_runner
+from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.data.pipeline import jsonl_source
 from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.rl.trainer import RLTrainer
 from jaxrl_reason.run_state import load_params, phase_dir, resolve_checkpoint_dir
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.sft import run_sft
+from jaxrl_reason.tokenizers import Tokenizer
 from jaxrl_reason.validation import check_config
 
 
@@ -125,15 +125,13 @@ def _config_from_checkpoint(meta) -> ml_collections.ConfigDict:
 
 def eval(fv) -> int:  # noqa: A001 (the command's name)
     directory = resolve_checkpoint_dir(fv.checkpoint)
-    from jaxrl_reason.checkpointing import Checkpointer
-    meta = Checkpointer(directory).metadata()
-    config = fv.config if fv.config is not None else _config_from_checkpoint(meta)
-    rt0 = build_runtime(config, os.path.dirname(os.path.dirname(directory)) or ".")
-    params, _, tokenizer, _ = load_params(directory, rt0.mesh, rt0.rules)
-    rt = build_runtime(config, rt0.workdir, tokenizer=tokenizer)
-    sets = None
-    if fv.data:
-        sets = {os.path.basename(fv.data): jsonl_source(fv.data)}
+    params_meta = Checkpointer(directory).metadata()
+    config = fv.config if fv.config is not None else _config_from_checkpoint(params_meta)
+    # The checkpoint's own tokenizer: never train or write one next to a checkpoint.
+    tokenizer = Tokenizer.from_serialized(params_meta["tokenizer"])
+    rt = build_runtime(config, directory, tokenizer=tokenizer)
+    params, _, _, _ = load_params(directory, rt.mesh, rt.rules)
+    sets = {os.path.basename(fv.data): jsonl_source(fv.data)} if fv.data else None
     report = eval_runner.evaluate(rt, params, sets, progress=config.log.progress_bar)
     table = eval_runner.comparison_table({os.path.basename(directory): report},
                                          config.eval.num_samples)
@@ -144,7 +142,6 @@ def eval(fv) -> int:  # noqa: A001 (the command's name)
 
 
 def sample(fv) -> int:
-    from jaxrl_reason.runtime import Runtime
     from jaxrl_reason import sharding as shd
     from jaxrl_reason.models.transformer import Transformer
     from jaxrl_reason.sampling.sampler import Sampler, left_pad

@@ -7,16 +7,13 @@ right-padded and ending with EOS), so SFT, RL and evaluation score sequences wit
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from jaxrl_reason import checkpointing
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
