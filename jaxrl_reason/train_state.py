@@ -57,4 +57,4 @@ def apply_gradients(state: TrainState, grads: Any,
     """One optimizer update (call inside jit). Returns the new state and the gradient norm."""
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), optax.global_norm(grads)
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), optax.tree.norm(grads)

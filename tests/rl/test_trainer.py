@@ -1,0 +1,254 @@
+"""RLTrainer in-process on the smoke config (8 fake CPU devices, 4 prompts x 4 samples = 16 rows).
+
+The runtime (tokenizer, model, sampler) is built once per module and shared, so the sampler
+compiles once; each trainer compiles its own update and log-prob functions (~5 s each).
+Rewards are test-only verifiers registered below, chosen so that a randomly initialised
+model already earns them sometimes and every group of the first batches has some variance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxrl_reason.cli import parse
+from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.models.params import init_params
+from jaxrl_reason.rewards.base import register_reward
+from jaxrl_reason.rl.advantages import group_advantages
+from jaxrl_reason.rl.trainer import RLTrainer
+from jaxrl_reason.runtime import build_runtime
+from jaxrl_reason.train_state import create_train_state
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE = os.path.join(REPO, "configs", "arith_grpo.py") + ":smoke"
+MAX_NEW = 16            # every trainer here samples 16 tokens, so the sampler compiles once
+SHORT_CHARS = 8         # "_test_stop_early" pays for a completion of at most this many chars
+BASE = (f"--config.rl.max_new_tokens={MAX_NEW}", f"--config.rl.train_length_bucket={MAX_NEW}",
+        "--config.rl.warmup_steps=0", "--config.log.progress_bar=False")
+# Everything README.md promises per RL step (accuracy and format_rate need the correctness
+# and a format reward among the weights, as in the default config).
+PROMISED = ("reward/mean", "reward/std", "accuracy", "format_rate", "kl", "entropy",
+            "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max",
+            "completion/length_mean", "completion/length_max", "completion/truncated_frac",
+            "frac_zero_variance_groups", "time/sample_s", "time/score_s", "time/train_s",
+            "grad_norm", "reward/correctness", "reward/format_strict", "reward/_test_text_length")
+
+
+@register_reward("_test_stop_early")
+def _stop_early(completion, example):
+    """1 when the sampler stopped (EOS) after a very short text, else 0."""
+    del example
+    return 1.0 if len(completion) <= SHORT_CHARS else 0.0
+
+
+@register_reward("_test_text_length")
+def _text_length(completion, example):
+    """Decoded length / 64: continuous, so every group of a random model has variance."""
+    del example
+    return len(completion) / 64.0
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    """The smoke runtime, shared by every trainer of this module (one sampler compile)."""
+    _, fv = parse(["jaxrl-reason", "train", "--config", SMOKE, *BASE])
+    return build_runtime(fv.config, str(tmp_path_factory.mktemp("rt")))
+
+
+@pytest.fixture(scope="module")
+def make_trainer(runtime, tmp_path_factory):
+    """make(*flag_overrides, weights=None, seed=0) -> (trainer, host copy of initial params).
+
+    Trainers (reward threads, checkpointer) are closed when the module ends.
+    """
+    made = []
+
+    def make(*overrides, weights=None, seed=0):
+        _, fv = parse(["jaxrl-reason", "train", "--config", SMOKE, *BASE, *overrides])
+        cfg = fv.config
+        if weights is not None:
+            cfg.rewards.weights = ml_collections.ConfigDict(weights)
+        workdir = str(tmp_path_factory.mktemp("run"))
+        rt = dataclasses.replace(runtime, config=cfg, workdir=workdir)
+        params = init_params(rt.model_cfg, jax.random.key(seed), rt.mesh, rt.rules)
+        initial = jax.device_get(params)  # the trainer donates `params` on its first update
+        writer = MetricsWriter(workdir, tensorboard=False, console=False)
+        trainer = RLTrainer(rt, writer, init_params=params)
+        made.append((trainer, writer))
+        return trainer, initial
+
+    yield make
+    for trainer, writer in made:
+        trainer.rewards.close()
+        trainer.ckpt.close()
+        writer.close()
+
+
+def run_steps(trainer, n):
+    return [trainer.step(next(trainer.data)) for _ in range(n)]
+
+
+def series(history, key):
+    return np.array([m[key] for m in history])
+
+
+def tree_equal(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def one_batch(trainer, seed=7):
+    """A rollout, its rewards and the update batch (advantages from the trainer's config)."""
+    rl = trainer.rl
+    examples = next(trainer.data)
+    rollout, host = trainer.sample(examples, jax.random.key(seed))
+    rewards = trainer.score(examples, host).result()
+    advantages = group_advantages(trainer.rt.put(rewards.total), rl.num_generations,
+                                  estimator=rl.advantage_estimator, scale=rl.advantage_scale)
+    batch = {"prompt_tokens": rollout.prompt_tokens, "prompt_valid": rollout.prompt_valid,
+             "completion_tokens": rollout.completion_tokens, "mask": rollout.mask,
+             "advantages": advantages}
+    return rollout, rewards, batch
+
+
+def logp_of(trainer, rollout):
+    logp = trainer.logprob_fn(trainer.state.params, rollout.prompt_tokens, rollout.prompt_valid,
+                              rollout.completion_tokens, rollout.mask)
+    return np.asarray(jax.device_get(logp), np.float64)
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+@pytest.mark.slow  # two 20-step runs, ~25 s
+def test_rl_learns_to_stop_early_and_the_sign_of_the_reward_matters(make_trainer):
+    steps = 20
+    flags = ("--config.rl.learning_rate=3e-3", "--config.rl.beta=0.0")
+    up, _ = make_trainer(*flags, weights={"_test_stop_early": 1.0})
+    rewarded = run_steps(up, steps)
+    rate = series(rewarded, "reward/_test_stop_early")
+    length = series(rewarded, "completion/length_mean")
+    # The random model stops early now and then, so learning has a signal.
+    assert 0.0 < rate[:5].mean() < 0.3, rate
+    assert rate[-5:].mean() > rate[:5].mean() + 0.3, rate
+    assert length[-5:].mean() < length[:5].mean() - 3.0, length
+    assert np.allclose(series(rewarded, "reward/mean"), rate)
+
+    # The same run paying -1 for stopping early (same seeds, same first batch) must not
+    # learn to stop early: the update direction follows the reward's sign.
+    down, _ = make_trainer(*flags, weights={"_test_stop_early": -1.0})
+    punished = run_steps(down, steps)
+    rate_down = series(punished, "reward/_test_stop_early")
+    assert rate_down[0] == rate[0]  # identical first rollout: only the sign differs
+    assert rate_down[-5:].mean() <= rate_down[:5].mean() + 0.05, rate_down
+    assert rate_down[-5:].mean() < rate[-5:].mean() - 0.3
+    assert series(punished, "completion/length_mean")[-5:].mean() >= length[:5].mean() - 1.0
+
+
+def test_one_update_moves_logprobs_in_the_advantage_direction(make_trainer):
+    trainer, initial = make_trainer("--config.rl.learning_rate=1e-4", "--config.rl.beta=0.0",
+                                    weights={"_test_text_length": 1.0})
+    assert trainer.ref_params is None  # beta = 0: no reference copy is kept
+    rollout, rewards, batch = one_batch(trainer)
+    assert np.std(rewards.total) > 0
+    adv = np.asarray(jax.device_get(batch["advantages"]), np.float64)
+    mask = np.asarray(jax.device_get(rollout.mask), np.float64)
+    assert np.count_nonzero(adv) >= len(adv) // 2
+
+    def gain(advantages):
+        """One update with `advantages` [N] from the current state; returns
+        (sum_b A_b * token-mean change, sum_b A_b * token-sum change) of log pi(completion_b)."""
+        before = logp_of(trainer, rollout)
+        trainer.state, metrics = trainer.update_fn(trainer.state,
+                                                   {**batch, "advantages": advantages})
+        delta = (logp_of(trainer, rollout) - before) * mask
+        assert np.isfinite(delta).all() and np.abs(delta).max() > 0
+        assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+        a = np.asarray(jax.device_get(advantages), np.float64)
+        per_token_mean = delta.sum(1) / np.maximum(mask.sum(1), 1.0)
+        return float(np.sum(a * per_token_mean)), float(np.sum(a * delta.sum(1)))
+
+    mean_gain, sum_gain = gain(batch["advantages"])
+    assert mean_gain > 0 and sum_gain > 0, (mean_gain, sum_gain)
+
+    # From the same initial params, negated advantages move log-probs the other way
+    # (sum_b A_b * change < 0 for the original A).
+    fresh = jax.device_put(initial, jax.tree.map(lambda x: x.sharding, trainer.state.params))
+    trainer.state = create_train_state(fresh, trainer.optimizer)
+    mean_gain, sum_gain = gain(-batch["advantages"])
+    assert mean_gain > 0 and sum_gain > 0, (mean_gain, sum_gain)
+
+
+# ----------------------------------------------------------------------------- reference, metrics
+
+
+@pytest.fixture(scope="module")
+def kl_run(make_trainer):
+    """Three steps with beta > 0 and the smoke rewards plus a dense one (a random model earns
+    no correctness or format reward, so alone they would give zero advantages)."""
+    trainer, initial = make_trainer(
+        "--config.rl.learning_rate=3e-3", "--config.rl.beta=0.05",
+        weights={"correctness": 1.0, "format_strict": 0.1, "_test_text_length": 1.0})
+    return trainer, initial, run_steps(trainer, 3)
+
+
+def test_reference_is_a_frozen_copy_of_the_initial_params(kl_run):
+    trainer, initial, history = kl_run
+    assert trainer.ref_params is not None
+    assert tree_equal(jax.device_get(trainer.ref_params), initial)
+    assert not tree_equal(jax.device_get(trainer.state.params), initial)
+    assert int(trainer.state.step) == 3
+    # KL to the reference is ~0 while the policy is the reference, then grows.
+    kl = series(history, "kl")
+    assert abs(kl[0]) < 1e-5, kl
+    assert kl[-1] > 1e-6, kl
+
+
+def test_step_metrics_cover_the_readme_and_are_finite(kl_run):
+    _, _, history = kl_run
+    for metrics in history:
+        missing = [k for k in PROMISED if k not in metrics]
+        assert not missing, f"missing metrics {missing}; got {sorted(metrics)}"
+        bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
+        assert not bad, bad
+        assert all(isinstance(v, float) for v in metrics.values())
+        assert 1 <= metrics["completion/length_mean"] <= metrics["completion/length_max"] <= MAX_NEW
+        assert 0 <= metrics["frac_zero_variance_groups"] <= 1
+        assert metrics["reward/std"] >= 0 and metrics["entropy"] > 0
+        assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # num_iterations = 1
+        assert all(metrics[k] >= 0 for k in ("time/sample_s", "time/score_s", "time/train_s"))
+
+
+# ----------------------------------------------------------------------------- num_iterations
+
+
+def test_two_iterations_use_the_old_logprobs(make_trainer):
+    trainer, _ = make_trainer("--config.rl.num_iterations=2", "--config.rl.learning_rate=3e-3",
+                              "--config.rl.beta=0.0", weights={"_test_text_length": 1.0})
+    rollout, _, batch = one_batch(trainer)
+    batch["old_logp"] = trainer.logprob_fn(trainer.state.params, rollout.prompt_tokens,
+                                           rollout.prompt_valid, rollout.completion_tokens,
+                                           rollout.mask)
+    trainer.state, first = trainer.update_fn(trainer.state, batch)
+    trainer.state, second = trainer.update_fn(trainer.state, batch)
+    # First iteration: the policy is the old policy, so every ratio is 1 and nothing clips.
+    assert float(first["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(first["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(first["clip_frac_low"]) == 0.0 and float(first["clip_frac_high"]) == 0.0
+    # Second: the policy moved but the ratio is still taken against the old log-probs.
+    assert abs(float(second["ratio_max"]) - 1.0) > 1e-4
+    assert np.isfinite(float(second["loss"]))
+
+    # Full steps: two optimizer updates per step, finite metrics.
+    before = int(trainer.state.step)
+    history = run_steps(trainer, 2)
+    assert int(trainer.state.step) == before + 4
+    for metrics in history:
+        assert all(np.isfinite(v) for v in metrics.values()), metrics
+        assert metrics["kl"] == 0.0  # beta = 0: no reference, no KL
