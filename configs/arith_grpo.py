@@ -71,15 +71,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.rl = ml_collections.ConfigDict()
     c.rl.algorithm = "grpo"                 # name for logs; the pieces below define it
-    c.rl.steps = 2 if smoke else 100        # RL steps (one batch of rollouts each)
-    c.rl.batch_prompts = 4 if smoke else 8  # prompts per step (B)
+    c.rl.steps = 2 if smoke else 150        # RL steps (one batch of rollouts each)
+    c.rl.batch_prompts = 4 if smoke else 16  # prompts per step (B)
     c.rl.num_generations = 4 if smoke else 8  # samples per prompt (G)
-    c.rl.max_new_tokens = 32 if smoke else 128  # completion budget (L)
+    c.rl.max_new_tokens = 32 if smoke else 96  # completion budget (L)
     c.rl.temperature = 1.0                  # rollout temperature
     c.rl.top_p = 1.0                        # rollout nucleus
     c.rl.top_k = 0                          # rollout top-k (0 = off)
-    c.rl.learning_rate = 2e-4               # AdamW learning rate (constant after warm-up)
-    c.rl.warmup_steps = 0 if smoke else 5   # linear warm-up steps
+    c.rl.learning_rate = 5e-5               # AdamW learning rate (constant after warm-up)
+    c.rl.warmup_steps = 0 if smoke else 10  # linear warm-up steps
     c.rl.weight_decay = 0.0                 # AdamW weight decay
     c.rl.max_grad_norm = 1.0                # global-norm gradient clipping
     c.rl.num_iterations = 1                 # policy updates per batch (mu in the GRPO paper)

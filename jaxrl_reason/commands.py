@@ -14,12 +14,15 @@ import jax
 import ml_collections
 
 from jaxrl_reason import eval_runner
+from jaxrl_reason import sharding as shd
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.data.pipeline import jsonl_source
 from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl.trainer import RLTrainer
 from jaxrl_reason.run_state import load_params, phase_dir, resolve_checkpoint_dir
 from jaxrl_reason.runtime import build_runtime
+from jaxrl_reason.sampling.sampler import Sampler, left_pad
 from jaxrl_reason.sft import run_sft
 from jaxrl_reason.tokenizers import Tokenizer
 from jaxrl_reason.validation import check_config
@@ -142,10 +145,6 @@ def eval(fv) -> int:  # noqa: A001 (the command's name)
 
 
 def sample(fv) -> int:
-    from jaxrl_reason import sharding as shd
-    from jaxrl_reason.models.transformer import Transformer
-    from jaxrl_reason.sampling.sampler import Sampler, left_pad
-
     mesh = shd.make_mesh({"data": -1})
     rules = shd.DEFAULT_RULES
     params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, rules)
