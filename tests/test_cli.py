@@ -321,7 +321,10 @@ def _assert_same_rl(a, b):
         if key in EXACT:   # same sampled tokens -> the very same rewards and lengths
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
         else:
-            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6, err_msg=key)
+            # A gradient norm that is ~0 (only the KL term, policy == reference) is float32
+            # reduction noise whose value depends on the device count; O(1) norms must match.
+            atol = 1e-5 if key == "grad_norm" else 1e-6
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=atol, err_msg=key)
 
 
 @pytest.mark.slow
