@@ -90,7 +90,13 @@ def make_update_fn(model, optimizer, rl):
 
 
 class RLTrainer:
-    """GRPO-family trainer on one mesh. `run()` executes `config.rl.steps` steps."""
+    """GRPO-family trainer on one mesh. `run()` executes `config.rl.steps` steps.
+
+    `init_params` become the policy's training state and their buffers are donated to the
+    first update (copy them first if the caller needs them afterwards); with beta > 0 a
+    separate frozen copy is kept as the reference (or `ref_params` when given). With
+    `num_iterations > 1`, `step()` reports the metrics of the last update of the batch.
+    """
 
     def __init__(self, rt: Runtime, writer: MetricsWriter, *, init_params, ref_params=None):
         self.rt, self.writer, self.rl = rt, writer, rt.config.rl
