@@ -128,7 +128,8 @@ def _config_from_checkpoint(meta) -> ml_collections.ConfigDict:
 
 def eval(fv) -> int:  # noqa: A001 (the command's name)
     directory = resolve_checkpoint_dir(fv.checkpoint)
-    params_meta = Checkpointer(directory).metadata()
+    with Checkpointer(directory) as ckpt:
+        params_meta = ckpt.metadata()
     config = fv.config if fv.config is not None else _config_from_checkpoint(params_meta)
     # The checkpoint's own tokenizer: never train or write one next to a checkpoint.
     tokenizer = Tokenizer.from_serialized(params_meta["tokenizer"])

@@ -99,6 +99,11 @@ class PhaseCheckpointer:
         self.ckpt.close()
 
 
+def _has_complete_step(directory: str) -> bool:
+    with Checkpointer(directory) as ckpt:
+        return ckpt.latest_step() is not None
+
+
 def resolve_checkpoint_dir(path: str) -> str:
     """A phase checkpoint directory from a run workdir or a phase directory.
 
@@ -106,12 +111,9 @@ def resolve_checkpoint_dir(path: str) -> str:
     """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint path {path!r} does not exist")
-    for phase in reversed(PHASES):
-        candidate = phase_dir(path, phase)
-        if os.path.isdir(candidate) and Checkpointer(candidate).latest_step() is not None:
+    for candidate in [phase_dir(path, phase) for phase in reversed(PHASES)] + [path]:
+        if os.path.isdir(candidate) and _has_complete_step(candidate):
             return candidate
-    if Checkpointer(path).latest_step() is not None:
-        return path
     raise FileNotFoundError(
         f"no complete checkpoint under {path!r}: expected a run workdir (with "
         f"checkpoints/sft or checkpoints/rl) or a phase checkpoint directory")
