@@ -91,6 +91,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.beta = 0.01                        # KL coefficient to the SFT reference (0: no reference)
     c.rl.kl_estimator = "k3"                # k1 | k2 | k3
     c.rl.train_length_bucket = 32           # training pads completions to a multiple of this
+    c.rl.skip_zero_advantage_rows = True    # beta = 0: update only on rows with a signal
+    c.rl.train_row_buckets = 4              # row counts the update compiles for (N*k/4)
 
     c.rewards = ml_collections.ConfigDict()
     c.rewards.weights = ml_collections.ConfigDict({"correctness": 1.0, "format_strict": 0.1})

@@ -18,6 +18,11 @@ and the per-token values are reduced to a scalar by ``loss_type`` (registry
                  SUMS the losses of the micro-batches; that sum is the token mean over the
                  global batch. Without it, this batch's own token count is used (= "bnpo").
 
+Global normalizers: ``num_sequences`` (the ``B`` of "grpo" and "dr_grpo") and
+``num_tokens_global`` (the token count of "bnpo" and "dapo") default to this batch's own; a
+caller that computes the loss on a subset of the rows (micro-batches, or the trainer skipping
+rows whose advantage is 0) passes the whole batch's counts and gets the whole batch's loss.
+
 KL estimators (registry ``KL_ESTIMATORS``, per token, ``d = ref_logp - logp``):
 ``"k1"``: ``-d``; ``"k2"``: ``d**2 / 2``; ``"k3"``: ``exp(d) - d - 1`` (Schulman's unbiased,
 non-negative estimator of KL(pi || pi_ref); TRL's and DeepSeekMath's choice; not clamped).
@@ -102,34 +107,42 @@ def kl_penalty(logp: Array, ref_logp: Array, *, estimator: str = "k3") -> Array:
 # ----------------------------------------------------------------------------- aggregation
 
 
-def _agg_grpo(values, mask, max_completion_length, num_tokens_global):
+def _sequence_count(mask, num_sequences):
+    return jnp.float32(mask.shape[0]) if num_sequences is None else jnp.asarray(
+        num_sequences, jnp.float32)
+
+
+def _token_count(mask, num_tokens_global):
+    count = jnp.sum(mask) if num_tokens_global is None else num_tokens_global
+    return jnp.maximum(jnp.asarray(count, jnp.float32), 1.0)
+
+
+def _agg_grpo(values, mask, max_completion_length, num_tokens_global, num_sequences):
     """Per-sequence token mean, then mean over B sequences (empty rows give 0)."""
     del max_completion_length, num_tokens_global
     per_seq = jnp.sum(values * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
-    return jnp.mean(per_seq)
+    return jnp.sum(per_seq) / _sequence_count(mask, num_sequences)
 
 
-def _agg_bnpo(values, mask, max_completion_length, num_tokens_global):
-    """Token mean over this batch."""
-    del max_completion_length, num_tokens_global
-    return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+def _agg_bnpo(values, mask, max_completion_length, num_tokens_global, num_sequences):
+    """Token mean over the batch."""
+    del max_completion_length, num_sequences
+    return jnp.sum(values * mask) / _token_count(mask, num_tokens_global)
 
 
-def _agg_dr_grpo(values, mask, max_completion_length, num_tokens_global):
+def _agg_dr_grpo(values, mask, max_completion_length, num_tokens_global, num_sequences):
     """Token sum / (B * max_completion_length)."""
     del num_tokens_global
     if max_completion_length is None:
         raise ValueError("loss_type 'dr_grpo' requires max_completion_length")
-    return jnp.sum(values * mask) / (values.shape[0] * max_completion_length)
+    return jnp.sum(values * mask) / (_sequence_count(mask, num_sequences)
+                                     * max_completion_length)
 
 
-def _agg_dapo(values, mask, max_completion_length, num_tokens_global):
+def _agg_dapo(values, mask, max_completion_length, num_tokens_global, num_sequences):
     """Token sum / token count of the global batch (this batch's count when None)."""
-    del max_completion_length
-    if num_tokens_global is None:
-        num_tokens_global = jnp.sum(mask)
-    denom = jnp.maximum(jnp.asarray(num_tokens_global, jnp.float32), 1.0)
-    return jnp.sum(values * mask) / denom
+    del max_completion_length, num_sequences
+    return jnp.sum(values * mask) / _token_count(mask, num_tokens_global)
 
 
 LOSS_AGGREGATIONS: dict[str, Callable[..., Array]] = {
@@ -138,8 +151,8 @@ LOSS_AGGREGATIONS: dict[str, Callable[..., Array]] = {
     "dr_grpo": _agg_dr_grpo,
     "dapo": _agg_dapo,
 }
-"""Name -> ``(values f32[B, L], mask f32[B, L], max_completion_length, num_tokens_global)
--> f32[]``."""
+"""Name -> ``(values f32[B, L], mask f32[B, L], max_completion_length, num_tokens_global,
+num_sequences) -> f32[]``."""
 
 
 def _check_aggregation_args(loss_type, max_completion_length) -> None:
@@ -164,6 +177,7 @@ def aggregate_loss(
     loss_type: str,
     max_completion_length: int | None = None,
     num_tokens_global: Array | int | None = None,
+    num_sequences: Array | int | None = None,
 ) -> Array:
     """Reduces per-token values to a scalar the way ``policy_loss`` does.
 
@@ -172,7 +186,10 @@ def aggregate_loss(
       mask: bool or float ``[B, L]``; 1/True marks completion tokens.
       loss_type: a key of ``LOSS_AGGREGATIONS`` ("grpo", "bnpo", "dr_grpo", "dapo").
       max_completion_length: static int, required for "dr_grpo".
-      num_tokens_global: int or scalar array, the global batch's token count ("dapo").
+      num_tokens_global: int or scalar array, the global batch's token count ("dapo",
+        "bnpo"); None = this batch's.
+      num_sequences: int or scalar array, the global batch's sequence count B ("grpo",
+        "dr_grpo"); None = this batch's rows.
 
     Returns:
       float32 scalar ``[]``. Masked-out values are ignored even if they are NaN or inf.
@@ -185,7 +202,8 @@ def aggregate_loss(
         )
     m = jnp.asarray(mask).astype(jnp.float32)
     v = jnp.where(m != 0, jnp.asarray(values, jnp.float32), 0.0)
-    return LOSS_AGGREGATIONS[loss_type](v, m, max_completion_length, num_tokens_global)
+    return LOSS_AGGREGATIONS[loss_type](v, m, max_completion_length, num_tokens_global,
+                                         num_sequences)
 
 
 # ----------------------------------------------------------------------------- policy loss
@@ -246,6 +264,7 @@ def policy_loss(
     max_completion_length: int | None = None,
     kl_estimator: str = "k3",
     num_tokens_global: Array | int | None = None,
+    num_sequences: Array | int | None = None,
     entropy: Array | None = None,
     entropy_coef: float | Array = 0.0,
 ) -> tuple[Array, dict[str, Array]]:
@@ -264,7 +283,11 @@ def policy_loss(
       ref_logp: float ``[B, L]`` under the reference model (constant), or None.
       max_completion_length: static int, required for "dr_grpo".
       kl_estimator: "k1", "k2" or "k3" (see ``KL_ESTIMATORS``).
-      num_tokens_global: masked-token count of the global batch, for "dapo".
+      num_tokens_global: masked-token count of the global batch ("dapo", "bnpo").
+      num_sequences: sequence count of the global batch ("grpo", "dr_grpo"). With both, a
+        subset of the batch's rows gives the same loss as the whole batch whenever the left-out
+        rows contribute nothing (zero advantage, beta = 0, no entropy term): the trainer uses
+        this to skip zero-advantage rows.
       entropy: float ``[B, L]`` per-token policy entropy, or None.
       entropy_coef: coefficient of the entropy bonus (subtracted from the loss).
 
@@ -307,8 +330,8 @@ def policy_loss(
         tok = tok - entropy_coef * ent_tok
 
     aggregate = LOSS_AGGREGATIONS[loss_type]
-    loss = aggregate(tok, m, max_completion_length, num_tokens_global)
-    pg_loss = aggregate(pg_tok, m, max_completion_length, num_tokens_global)
+    loss = aggregate(tok, m, max_completion_length, num_tokens_global, num_sequences)
+    pg_loss = aggregate(pg_tok, m, max_completion_length, num_tokens_global, num_sequences)
 
     n_tok = jnp.maximum(jnp.sum(m), 1.0)
 

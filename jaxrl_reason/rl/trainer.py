@@ -10,6 +10,12 @@ Per step, with B prompts and G samples each (N = B * G rows, group-major):
   3. meanwhile, host threads decode and verify the completions -> rewards [N]
   4. group advantages [N]; `num_iterations` jitted, donated updates of the clipped loss
   5. metrics to tensorboard, console and metrics.jsonl; checkpoint every k steps
+
+Rows whose advantage is 0 (every group whose samples all earned the same reward) add nothing
+to the loss when there is no KL term (beta = 0): with `rl.skip_zero_advantage_rows` the update
+runs on the other rows only, padded to one of `rl.train_row_buckets` sizes so that a run
+compiles a handful of programs, with the whole batch's normalizers, so the loss and gradient
+are the whole batch's (up to float summation order) at a fraction of the cost.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_reason import sharding as shd
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.scoring import completion_logprobs, completion_mask_from_lengths
@@ -67,6 +74,30 @@ def make_logprob_fn(model, temperature: float):
     return jax.jit(fn)
 
 
+def select_train_rows(advantages: np.ndarray, num_buckets: int, multiple: int):
+    """Rows with a nonzero advantage, padded to a bucket size.
+
+    Args:
+      advantages: f32 [N] (host).
+      num_buckets: bucket sizes are ceil(N * k / num_buckets) for k = 1..num_buckets, each
+        rounded up to a multiple of `multiple` (the data-parallel size) and capped at N.
+      multiple: int >= 1.
+    Returns:
+      (rows int32 [M], real bool [M]): indices into the N rows (padding repeats row 0) and
+      which of them are real; M is the smallest bucket holding every nonzero row (at least
+      the smallest bucket, so an all-zero batch still runs the optimizer's update).
+    """
+    n = len(advantages)
+    keep = np.flatnonzero(np.asarray(advantages) != 0)
+    sizes = sorted({min(round_up(-(-n * k // num_buckets), multiple), n)
+                    for k in range(1, num_buckets + 1)})
+    size = next(b for b in sizes if b >= len(keep))
+    rows = np.zeros(size, np.int32)
+    rows[:len(keep)] = keep
+    real = np.arange(size) < len(keep)
+    return rows, real
+
+
 def make_update_fn(model, optimizer, rl):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics)."""
 
@@ -79,7 +110,8 @@ def make_update_fn(model, optimizer, rl):
             logp, old, batch["advantages"], batch["mask"], loss_type=rl.loss_type,
             epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
             ref_logp=batch.get("ref_logp"), max_completion_length=rl.max_new_tokens,
-            kl_estimator=rl.kl_estimator, entropy=entropy)
+            kl_estimator=rl.kl_estimator, entropy=entropy,
+            num_sequences=batch.get("num_sequences"), num_tokens_global=batch.get("num_tokens"))
 
     def update(state: TrainState, batch):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
@@ -117,6 +149,8 @@ class RLTrainer:
         self.rewards = RewardPool(dict(rt.config.rewards.weights),
                                   num_workers=rt.config.rewards.num_workers,
                                   timeout_s=rt.config.rewards.timeout_s)
+        # Zero-advantage rows carry no loss term only without the KL penalty.
+        self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature)
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl)
         self.ckpt = PhaseCheckpointer(rt, "rl")
@@ -147,7 +181,8 @@ class RLTrainer:
     # ------------------------------------------------------------------ one step
 
     def sample(self, examples: Sequence[Mapping[str, Any]], rng) -> tuple[Rollout, dict]:
-        """Rollouts for `examples` (G per prompt) and host copies of lengths/tokens."""
+        """Rollouts for `examples` (G per prompt) and host copies of tokens/lengths/truncated
+        (rows) and of the prompts (prompt_tokens/prompt_valid, one row per example)."""
         rt, rl = self.rt, self.rl
         prompt_tokens, prompt_valid = rt.encode_prompts(examples)
         pt, pv = rt.put_prompts(prompt_tokens), rt.put_prompts(prompt_valid)
@@ -156,6 +191,7 @@ class RLTrainer:
                          top_p=rl.top_p, top_k=rl.top_k)
         host = jax.device_get({"tokens": out.tokens, "lengths": out.lengths,
                                "truncated": out.truncated})
+        host.update(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid)
         # Train on a length bucket that covers the longest completion, not the whole budget.
         length = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
                      rl.max_new_tokens)
@@ -184,27 +220,53 @@ class RLTrainer:
 
         # Device work first (asynchronous dispatch), then host scoring while it runs.
         t0 = time.time()
-        args = (rollout.prompt_tokens, rollout.prompt_valid, rollout.completion_tokens,
-                rollout.mask)
         batch = {"prompt_tokens": rollout.prompt_tokens, "prompt_valid": rollout.prompt_valid,
                  "completion_tokens": rollout.completion_tokens, "mask": rollout.mask}
         if self.ref_params is not None:
-            batch["ref_logp"] = self.logprob_fn(self.ref_params, *args)
-        if rl.num_iterations > 1:
-            batch["old_logp"] = self.logprob_fn(self.state.params, *args)
+            batch["ref_logp"] = self.logprob_fn(self.ref_params, *self._scoring_args(batch))
         rewards = self.score(examples, host).result()
         times["time/score_s"] = time.time() - t0
 
         t0 = time.time()
-        reward = self.rt.put(rewards.total)
-        batch["advantages"] = group_advantages(
-            reward, rl.num_generations, estimator=rl.advantage_estimator,
-            scale=rl.advantage_scale)
+        advantages = np.asarray(jax.device_get(group_advantages(
+            jnp.asarray(rewards.total), rl.num_generations, estimator=rl.advantage_estimator,
+            scale=rl.advantage_scale)), np.float32)
+        # Whole-batch normalizers, so that a subset of rows gives the whole batch's loss.
+        batch["num_sequences"] = np.float32(len(advantages))
+        batch["num_tokens"] = np.float32(np.sum(host["lengths"]))
+        train_rows = len(advantages)
+        if self.skip_rows:
+            rows, real = select_train_rows(advantages, rl.train_row_buckets,
+                                           shd.data_parallel_size(self.rt.mesh, self.rt.rules))
+            batch = self._take_rows(batch, host, rows, real)
+            advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
+            train_rows = int(real.sum())
+        batch["advantages"] = self.rt.put(advantages)
+        if rl.num_iterations > 1:
+            batch["old_logp"] = self.logprob_fn(self.state.params, *self._scoring_args(batch))
         for _ in range(rl.num_iterations):
             self.state, metrics = self.update_fn(self.state, batch)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         times["time/train_s"] = time.time() - t0
+        metrics["train_rows_frac"] = train_rows / len(advantages)
         return {**metrics, **self._rollout_metrics(rewards, host), **times}
+
+    @staticmethod
+    def _scoring_args(batch):
+        return (batch["prompt_tokens"], batch["prompt_valid"], batch["completion_tokens"],
+                batch["mask"])
+
+    def _take_rows(self, batch, host, rows, real) -> dict:
+        """The update batch restricted to `rows` (padding rows get an all-zero mask)."""
+        length = batch["completion_tokens"].shape[1]
+        lengths = np.where(real, host["lengths"][rows], 0)
+        mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
+        prompt_rows = rows // self.rl.num_generations
+        return {**batch,
+                "prompt_tokens": self.rt.put(host["prompt_tokens"][prompt_rows]),
+                "prompt_valid": self.rt.put(host["prompt_valid"][prompt_rows]),
+                "completion_tokens": self.rt.put(host["tokens"][rows, :length]),
+                "mask": self.rt.put(mask)}
 
     def _rollout_metrics(self, rewards, host) -> dict[str, float]:
         stats = group_stats(jnp.asarray(rewards.total), self.rl.num_generations)
