@@ -25,23 +25,33 @@ from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_
                                       learning_rate_schedule, make_optimizer)
 
 
-def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]],
-              max_completion_length: int) -> dict[str, np.ndarray]:
+def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion_length: int,
+              length_bucket: int | None = None) -> dict[str, np.ndarray]:
     """Tokenizes (prompt, completion) examples into the padded SFT batch.
 
+    Completions are padded to Lc = the longest completion (with EOS) rounded up to a multiple
+    of `length_bucket`, capped at `max_completion_length` (Lc = max_completion_length when
+    `length_bucket` is None), so a run compiles one step per bucket and does not pay for
+    padding up to the longest possible trace.
+
     Returns numpy arrays: prompt_tokens int32 [B, Tp], prompt_valid bool [B, Tp],
-    completion_tokens int32 [B, Lc], completion_mask f32 [B, Lc] (Lc = max_completion_length).
+    completion_tokens int32 [B, Lc], completion_mask f32 [B, Lc].
     Raises ValueError naming the example whose completion does not fit.
     """
     prompt_tokens, prompt_valid = rt.encode_prompts(examples)
-    tokens = np.full((len(examples), max_completion_length), rt.tokenizer.pad_id, np.int32)
-    mask = np.zeros((len(examples), max_completion_length), np.float32)
-    for i, example in enumerate(examples):
-        ids = rt.tokenizer.encode(example["completion"], add_eos=True)
+    encoded = [rt.tokenizer.encode(example["completion"], add_eos=True) for example in examples]
+    for i, (example, ids) in enumerate(zip(examples, encoded)):
         if len(ids) > max_completion_length:
             raise ValueError(
                 f"SFT completion of example {example.get('id', i)!r} has {len(ids)} tokens, "
                 f"more than sft.max_completion_length={max_completion_length}")
+    length = max_completion_length
+    if length_bucket:
+        longest = max(len(ids) for ids in encoded)
+        length = min(-(-longest // length_bucket) * length_bucket, max_completion_length)
+    tokens = np.full((len(examples), length), rt.tokenizer.pad_id, np.int32)
+    mask = np.zeros((len(examples), length), np.float32)
+    for i, ids in enumerate(encoded):
         tokens[i, :len(ids)] = ids
         mask[i, :len(ids)] = 1.0
     return {"prompt_tokens": prompt_tokens, "prompt_valid": prompt_valid,
@@ -103,7 +113,8 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
         bar.update(start)
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.time()
-            batch = sft_batch(rt, next(data), cfg.max_completion_length)
+            batch = sft_batch(rt, next(data), cfg.max_completion_length,
+                              cfg.get("length_bucket"))
             state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
             metrics = {k: float(v) for k, v in metrics.items()}
             metrics["step_time_s"] = time.time() - t0

@@ -93,6 +93,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     for key in ("sft.steps", "sft.batch_size", "sft.num_examples", "sft.max_completion_length",
                 "rl.steps", "rl.batch_prompts", "rl.num_generations", "rl.max_new_tokens",
                 "rl.num_iterations", "rl.train_length_bucket", "rl.train_row_buckets",
+                "sft.length_bucket",
                 "eval.num_problems",
                 "eval.num_samples", "eval.max_new_tokens", "eval.batch_prompts",
                 "checkpoint.every_steps", "checkpoint.max_to_keep", "rewards.num_workers"):
@@ -106,6 +107,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     _in_range(problems, config, "eval.top_p", 0.0, 1.0, low_open=True)
     _in_range(problems, config, "rewards.timeout_s", 0.0, 3600.0, low_open=True)
     _one_of(problems, config, "rl.loss_type", LOSS_AGGREGATIONS)
+    _one_of(problems, config, "rl.lr_decay", ("constant", "cosine"))
     _one_of(problems, config, "rl.kl_estimator", KL_ESTIMATORS)
     _one_of(problems, config, "rl.advantage_estimator", ADVANTAGE_ESTIMATORS)
     _one_of(problems, config, "rl.advantage_scale", ADVANTAGE_SCALES)

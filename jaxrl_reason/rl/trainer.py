@@ -134,7 +134,8 @@ class RLTrainer:
         self.rt, self.writer, self.rl = rt, writer, rt.config.rl
         rl = self.rl
         self.optimizer = make_optimizer(
-            learning_rate_schedule(rl.learning_rate, rl.warmup_steps, rl.steps, "constant"),
+            learning_rate_schedule(rl.learning_rate, rl.warmup_steps, rl.steps,
+                                   rl.get("lr_decay", "constant")),
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
         self.state = create_train_state(init_params, self.optimizer)
         # The frozen reference: a separate copy (the policy's buffers are donated).
@@ -234,7 +235,7 @@ class RLTrainer:
         # Whole-batch normalizers, so that a subset of rows gives the whole batch's loss.
         batch["num_sequences"] = np.float32(len(advantages))
         batch["num_tokens"] = np.float32(np.sum(host["lengths"]))
-        train_rows = len(advantages)
+        num_rows = train_rows = len(advantages)
         if self.skip_rows:
             rows, real = select_train_rows(advantages, rl.train_row_buckets,
                                            shd.data_parallel_size(self.rt.mesh, self.rt.rules))
@@ -248,7 +249,7 @@ class RLTrainer:
             self.state, metrics = self.update_fn(self.state, batch)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         times["time/train_s"] = time.time() - t0
-        metrics["train_rows_frac"] = train_rows / len(advantages)
+        metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
         return {**metrics, **self._rollout_metrics(rewards, host), **times}
 
     @staticmethod

@@ -287,7 +287,10 @@ def test_skipping_zero_advantage_rows_gives_the_whole_batch_update(make_trainer)
             results.append((metrics, jax.device_get(trainer.state.params)))
         (skipped, p_skip), (full, p_full) = results
         assert full["train_rows_frac"] == 1.0
-        assert 0 < skipped["train_rows_frac"] < 1.0, skipped["frac_zero_variance_groups"]
+        # Every row of a zero-variance group is skipped (binary reward: the only zeros).
+        assert 0 < skipped["train_rows_frac"] < 1.0
+        assert skipped["train_rows_frac"] == pytest.approx(
+            1.0 - skipped["frac_zero_variance_groups"])
         assert skipped["loss"] == pytest.approx(full["loss"], rel=1e-4, abs=1e-7), loss_type
         assert skipped["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-3), loss_type
         # Adam's first step is ~lr * sign(g): a gradient that is float noise around 0 may
