@@ -21,6 +21,7 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.runtime import Runtime, task_source
 from jaxrl_reason.run_state import PhaseCheckpointer
+from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
                                       learning_rate_schedule, make_optimizer)
 
@@ -48,7 +49,7 @@ def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion
     length = max_completion_length
     if length_bucket:
         longest = max(len(ids) for ids in encoded)
-        length = min(-(-longest // length_bucket) * length_bucket, max_completion_length)
+        length = min(round_up(longest, length_bucket), max_completion_length)
     tokens = np.full((len(examples), length), rt.tokenizer.pad_id, np.int32)
     mask = np.zeros((len(examples), length), np.float32)
     for i, ids in enumerate(encoded):
@@ -113,8 +114,7 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
         bar.update(start)
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.time()
-            batch = sft_batch(rt, next(data), cfg.max_completion_length,
-                              cfg.get("length_bucket"))
+            batch = sft_batch(rt, next(data), cfg.max_completion_length, cfg.length_bucket)
             state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
             metrics = {k: float(v) for k, v in metrics.items()}
             metrics["step_time_s"] = time.time() - t0

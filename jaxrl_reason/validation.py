@@ -93,9 +93,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     for key in ("sft.steps", "sft.batch_size", "sft.num_examples", "sft.max_completion_length",
                 "rl.steps", "rl.batch_prompts", "rl.num_generations", "rl.max_new_tokens",
                 "rl.num_iterations", "rl.train_length_bucket", "rl.train_row_buckets",
-                "sft.length_bucket",
-                "eval.num_problems",
-                "eval.num_samples", "eval.max_new_tokens", "eval.batch_prompts",
+                "sft.length_bucket", "eval.num_problems", "eval.num_samples",
+                "eval.max_new_tokens", "eval.batch_prompts",
                 "checkpoint.every_steps", "checkpoint.max_to_keep", "rewards.num_workers"):
         _positive_int(problems, config, key)
     for key in ("sft.learning_rate", "rl.learning_rate"):

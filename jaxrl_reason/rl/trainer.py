@@ -31,13 +31,14 @@ import numpy as np
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
-from jaxrl_reason.models.scoring import completion_logprobs, completion_mask_from_lengths
+from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.rewards.pool import RewardPool
 from jaxrl_reason.rl.advantages import group_advantages, group_stats
 from jaxrl_reason.rl.losses import policy_loss
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.runtime import Runtime, task_source
+from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
                                       learning_rate_schedule, make_optimizer)
 
@@ -46,20 +47,20 @@ TRAIN_SIZE = 10_000_000  # the procedurally generated training set is effectivel
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    """One step's device batch (N rows). Arrays are jax arrays on the mesh.
+    """The update batch of one step (M rows: all N samples or a selection of them). Arrays
+    are jax arrays on the mesh.
 
-    prompt_tokens int32 [N, Tp], prompt_valid bool [N, Tp], completion_tokens int32 [N, L],
-    mask f32 [N, L], sampler_logp f32 [N, L].
+    prompt_tokens int32 [M, Tp], prompt_valid bool [M, Tp], completion_tokens int32 [M, L],
+    mask f32 [M, L].
     """
     prompt_tokens: jax.Array
     prompt_valid: jax.Array
     completion_tokens: jax.Array
     mask: jax.Array
-    sampler_logp: jax.Array
 
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+    def scoring_args(self) -> tuple[jax.Array, ...]:
+        """The arguments of `completion_logprobs` after the params."""
+        return self.prompt_tokens, self.prompt_valid, self.completion_tokens, self.mask
 
 
 def make_logprob_fn(model, temperature: float):
@@ -135,7 +136,7 @@ class RLTrainer:
         rl = self.rl
         self.optimizer = make_optimizer(
             learning_rate_schedule(rl.learning_rate, rl.warmup_steps, rl.steps,
-                                   rl.get("lr_decay", "constant")),
+                                   rl.lr_decay),
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
         self.state = create_train_state(init_params, self.optimizer)
         # The frozen reference: a separate copy (the policy's buffers are donated).
@@ -181,9 +182,11 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ one step
 
-    def sample(self, examples: Sequence[Mapping[str, Any]], rng) -> tuple[Rollout, dict]:
-        """Rollouts for `examples` (G per prompt) and host copies of tokens/lengths/truncated
-        (rows) and of the prompts (prompt_tokens/prompt_valid, one row per example)."""
+    def generate(self, examples: Sequence[Mapping[str, Any]], rng) -> dict[str, np.ndarray]:
+        """Samples G completions per example; returns host copies: tokens int32 [N, Lmax],
+        lengths int32 [N], truncated bool [N] (rows, group-major), prompt_tokens int32
+        [P, Tp] / prompt_valid bool [P, Tp] (one row per example) and `length`, the training
+        length bucket that covers the longest completion."""
         rt, rl = self.rt, self.rl
         prompt_tokens, prompt_valid = rt.encode_prompts(examples)
         pt, pv = rt.put_prompts(prompt_tokens), rt.put_prompts(prompt_valid)
@@ -194,15 +197,31 @@ class RLTrainer:
                                "truncated": out.truncated})
         host.update(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid)
         # Train on a length bucket that covers the longest completion, not the whole budget.
-        length = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
-                     rl.max_new_tokens)
-        rows = lambda x: rt.put(np.repeat(x, rl.num_generations, axis=0))  # noqa: E731
-        rollout = Rollout(
-            prompt_tokens=rows(prompt_tokens), prompt_valid=rows(prompt_valid),
-            completion_tokens=out.tokens[:, :length],
-            mask=completion_mask_from_lengths(out.lengths, length),
-            sampler_logp=out.logprobs[:, :length])
-        return rollout, host
+        host["length"] = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
+                             rl.max_new_tokens)
+        return host
+
+    def rollout(self, host: Mapping[str, np.ndarray], rows: np.ndarray | None = None,
+                real: np.ndarray | None = None) -> Rollout:
+        """The update batch of `rows` (int [M], default all N) of `generate`'s output; rows
+        whose `real` (bool [M]) is False are padding and get an all-zero mask."""
+        if rows is None:
+            rows = np.arange(len(host["lengths"]))
+        lengths = host["lengths"][rows]
+        if real is not None:
+            lengths = np.where(real, lengths, 0)
+        length, put = host["length"], self.rt.put
+        prompt_rows = rows // self.rl.num_generations
+        return Rollout(
+            prompt_tokens=put(host["prompt_tokens"][prompt_rows]),
+            prompt_valid=put(host["prompt_valid"][prompt_rows]),
+            completion_tokens=put(host["tokens"][rows, :length]),
+            mask=put((np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)))
+
+    def sample(self, examples: Sequence[Mapping[str, Any]], rng) -> tuple[Rollout, dict]:
+        """`generate`, and the update batch of all its rows."""
+        host = self.generate(examples, rng)
+        return self.rollout(host), host
 
     def score(self, examples, host) -> Any:
         """Starts host-side scoring; returns a future of BatchRewards."""
@@ -216,15 +235,15 @@ class RLTrainer:
         self.rng, sample_rng = jax.random.split(self.rng)
 
         t0 = time.time()
-        rollout, host = self.sample(examples, sample_rng)
+        host = self.generate(examples, sample_rng)
         times["time/sample_s"] = time.time() - t0
 
         # Device work first (asynchronous dispatch), then host scoring while it runs.
         t0 = time.time()
-        batch = {"prompt_tokens": rollout.prompt_tokens, "prompt_valid": rollout.prompt_valid,
-                 "completion_tokens": rollout.completion_tokens, "mask": rollout.mask}
-        if self.ref_params is not None:
-            batch["ref_logp"] = self.logprob_fn(self.ref_params, *self._scoring_args(batch))
+        rollout, ref_logp = None, None
+        if self.ref_params is not None:  # every row carries the KL term: no row is skipped
+            rollout = self.rollout(host)
+            ref_logp = self.logprob_fn(self.ref_params, *rollout.scoring_args())
         rewards = self.score(examples, host).result()
         times["time/score_s"] = time.time() - t0
 
@@ -232,42 +251,29 @@ class RLTrainer:
         advantages = np.asarray(jax.device_get(group_advantages(
             jnp.asarray(rewards.total), rl.num_generations, estimator=rl.advantage_estimator,
             scale=rl.advantage_scale)), np.float32)
-        # Whole-batch normalizers, so that a subset of rows gives the whole batch's loss.
-        batch["num_sequences"] = np.float32(len(advantages))
-        batch["num_tokens"] = np.float32(np.sum(host["lengths"]))
         num_rows = train_rows = len(advantages)
         if self.skip_rows:
             rows, real = select_train_rows(advantages, rl.train_row_buckets,
                                            shd.data_parallel_size(self.rt.mesh, self.rt.rules))
-            batch = self._take_rows(batch, host, rows, real)
+            rollout = self.rollout(host, rows, real)
             advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
             train_rows = int(real.sum())
-        batch["advantages"] = self.rt.put(advantages)
+        elif rollout is None:
+            rollout = self.rollout(host)
+        batch = {**vars(rollout), "advantages": self.rt.put(advantages),
+                 # Whole-batch normalizers: a subset of rows gives the whole batch's loss.
+                 "num_sequences": np.float32(num_rows),
+                 "num_tokens": np.float32(np.sum(host["lengths"]))}
+        if ref_logp is not None:
+            batch["ref_logp"] = ref_logp
         if rl.num_iterations > 1:
-            batch["old_logp"] = self.logprob_fn(self.state.params, *self._scoring_args(batch))
+            batch["old_logp"] = self.logprob_fn(self.state.params, *rollout.scoring_args())
         for _ in range(rl.num_iterations):
             self.state, metrics = self.update_fn(self.state, batch)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         times["time/train_s"] = time.time() - t0
         metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
         return {**metrics, **self._rollout_metrics(rewards, host), **times}
-
-    @staticmethod
-    def _scoring_args(batch):
-        return (batch["prompt_tokens"], batch["prompt_valid"], batch["completion_tokens"],
-                batch["mask"])
-
-    def _take_rows(self, batch, host, rows, real) -> dict:
-        """The update batch restricted to `rows` (padding rows get an all-zero mask)."""
-        length = batch["completion_tokens"].shape[1]
-        lengths = np.where(real, host["lengths"][rows], 0)
-        mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
-        prompt_rows = rows // self.rl.num_generations
-        return {**batch,
-                "prompt_tokens": self.rt.put(host["prompt_tokens"][prompt_rows]),
-                "prompt_valid": self.rt.put(host["prompt_valid"][prompt_rows]),
-                "completion_tokens": self.rt.put(host["tokens"][rows, :length]),
-                "mask": self.rt.put(mask)}
 
     def _rollout_metrics(self, rewards, host) -> dict[str, float]:
         stats = group_stats(jnp.asarray(rewards.total), self.rl.num_generations)

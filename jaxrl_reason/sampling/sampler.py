@@ -61,6 +61,11 @@ def left_pad(token_lists: Sequence[Sequence[int]], length: int, pad_id: int):
     return tokens, valid
 
 
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n (ints)."""
+    return -(-n // multiple) * multiple
+
+
 def pick_bucket(lengths: Iterable[int], buckets: Sequence[int]) -> int:
     """Smallest bucket that holds the longest of `lengths`; ValueError if none does."""
     longest = max(lengths, default=0)
