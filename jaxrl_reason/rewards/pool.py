@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import inspect
 import itertools
 import logging
 import math
@@ -29,7 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_reason.rewards.base import RewardFunction, RewardResult, get_reward
+from jaxrl_reason.rewards.base import (
+    BatchContext,
+    RewardFunction,
+    RewardResult,
+    available_rewards,
+    get_batch_reward,
+    get_reward,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +82,72 @@ def _score_one(
     return score, reason
 
 
+def _bind(name: str, fn: Any, options: Mapping[str, Any] | None, positional: int) -> Any:
+    """`fn` with `options` bound as keywords (after its first `positional` parameters);
+    ValueError naming unknown keywords."""
+    if not options:
+        return fn
+    if not isinstance(options, Mapping):
+        raise ValueError(f"options of reward {name!r} must be a mapping, got {options!r}")
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    keywords = [k for k, p in params.items() if p.kind in (
+        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)][positional:]
+    if not takes_any:
+        unknown = sorted(set(options) - set(keywords))
+        if unknown:
+            raise ValueError(f"reward {name!r} has no option(s) {unknown}; it "
+                             f"takes {keywords or 'none'}")
+    return functools.update_wrapper(functools.partial(fn, **dict(options)), fn)
+
+
+def resolve_rewards(
+    weights: Mapping[str, float], options: Mapping[str, Mapping] | None, verifier: str
+) -> tuple[list[tuple[str, RewardFunction]], list[tuple[str, Any]], dict[str, float]]:
+    """Looks up and binds the rewards of `weights`: (per-completion [(name, fn)], batch
+    [(name, fn)], extra weights) where extra holds `verifier` at weight 0 when a batch reward
+    needs it and it is not weighted. Options of registered but unweighted rewards are
+    ignored (configs may list every reward's defaults). Raises ValueError for unknown names
+    and unknown options."""
+    options = dict(options or {})
+    known = set(available_rewards())
+    for name in options:
+        if name not in known:
+            raise ValueError(f"options given for {name!r}, which is not a registered reward "
+                             f"(known: {sorted(known)})")
+    fns, batch_fns, extra = [], [], {}
+    needs_correct = False
+    for name in weights:
+        spec = get_batch_reward(name)
+        if spec is None:
+            fns.append((name, _bind(name, get_reward(name), options.get(name), 2)))
+        else:
+            batch_fns.append((name, _bind(name, spec.fn, options.get(name), 1)))
+            needs_correct |= spec.needs_correct
+    if needs_correct and verifier not in weights:
+        fns.append((verifier, _bind(verifier, get_reward(verifier), options.get(verifier), 2)))
+        extra[verifier] = 0.0
+    return fns, batch_fns, extra
+
+
+def _batch_inputs(n: int, lengths, truncated, max_length, group_size,
+                  names: list[str]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Checked (lengths int [N], truncated bool [N], max_length, group_size)."""
+    if lengths is None or truncated is None or max_length is None:
+        raise ValueError(f"RewardPool.submit: batch reward(s) {names} need lengths=, "
+                         "truncated= and max_length=")
+    lengths = np.asarray(lengths, np.int64).reshape(-1)
+    truncated = np.asarray(truncated, bool).reshape(-1)
+    if lengths.shape != (n,) or truncated.shape != (n,):
+        raise ValueError(f"RewardPool.submit: lengths {lengths.shape} / truncated "
+                         f"{truncated.shape} do not match {n} completions")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 \
+            or n % group_size:
+        raise ValueError(f"RewardPool.submit: {n} completions do not split into groups of "
+                         f"{group_size!r}")
+    return lengths, truncated, int(max_length), group_size
+
+
 def _is_real(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
@@ -95,6 +170,7 @@ class _Batch:
         self._remaining = self.size
         self.done = threading.Event()
         self.expired = False
+        self.context: tuple | None = None  # batch-reward inputs (see `_batch_inputs`)
         if self.size == 0:
             self.done.set()
 
@@ -133,7 +209,13 @@ class RewardPool:
 
     Args:
       weights: reward name -> weight (finite float; 0 computes the component for logging
-        without adding it to the total). Names must be registered (see `available_rewards`).
+        without adding it to the total). Names must be registered (see `available_rewards`):
+        per-completion rewards run on the threads; batch rewards (length shaping) run once
+        per batch afterwards and need `lengths`/`truncated` at `submit`.
+      options: reward name -> keyword arguments bound to that reward (e.g.
+        `{"overlong_dapo": {"cache_length": 16}}`); unknown names or keywords raise.
+      verifier: the per-completion reward that decides correctness (`ctx.correct` of batch
+        rewards); it is scored (with weight 0 if unweighted) whenever a batch reward needs it.
       num_workers: worker threads (>= 1).
       timeout_s: wall-time limit of one batch, counted from when the pool starts it
         (batches run one after another in submission order). Size it for the batch: every
@@ -141,7 +223,8 @@ class RewardPool:
     """
 
     def __init__(
-        self, weights: Mapping[str, float], *, num_workers: int = 4, timeout_s: float = 5.0
+        self, weights: Mapping[str, float], *, options: Mapping[str, Mapping] | None = None,
+        verifier: str = "correctness", num_workers: int = 4, timeout_s: float = 5.0
     ):
         if not isinstance(weights, Mapping) or not weights:
             raise ValueError(
@@ -154,7 +237,9 @@ class RewardPool:
                     f"RewardPool: weight of {name!r} must be a finite number, got {weight!r}"
                 )
             self._weights[name] = float(weight)
-        self._fns = [(name, get_reward(name)) for name in self._weights]
+        self._fns, self._batch_fns, extra = resolve_rewards(self._weights, options, verifier)
+        self.verifier = verifier
+        self._weights.update(extra)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(
                 f"RewardPool: num_workers must be an int >= 1, got {num_workers!r}"
@@ -178,6 +263,11 @@ class RewardPool:
         self._coordinator.start()
 
     @property
+    def needs_lengths(self) -> bool:
+        """Whether `submit` needs `lengths`/`truncated`/`max_length` (a batch reward is used)."""
+        return bool(self._batch_fns)
+
+    @property
     def weights(self) -> dict[str, float]:
         """A copy of the component weights."""
         return dict(self._weights)
@@ -185,14 +275,26 @@ class RewardPool:
     # ------------------------------------------------------------------------------ API
 
     def submit(
-        self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
+        self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]], *,
+        lengths: Sequence[int] | np.ndarray | None = None,
+        truncated: Sequence[bool] | np.ndarray | None = None,
+        max_length: int | None = None, group_size: int = 1,
     ) -> Future:
         """Start scoring a batch; returns at once a Future of `BatchRewards` ([N] arrays).
 
-        Raises ValueError when the sequences differ in length, TypeError when a completion
-        is not a str or an example not a Mapping, RuntimeError after `close()`.
+        `lengths` (int [N] tokens), `truncated` (bool [N]), `max_length` (the token budget)
+        and `group_size` (G; rows group-major) feed the batch rewards; they are required
+        when one is configured (`needs_lengths`).
+
+        Raises ValueError when the sequences differ in length or batch-reward inputs are
+        missing, TypeError when a completion is not a str or an example not a Mapping,
+        RuntimeError after `close()`.
         """
         completions, examples = list(completions), list(examples)
+        context = None
+        if self._batch_fns:
+            context = _batch_inputs(len(completions), lengths, truncated, max_length,
+                                    group_size, [name for name, _ in self._batch_fns])
         if len(completions) != len(examples):
             raise ValueError(
                 f"RewardPool.submit: {len(completions)} completions but {len(examples)} examples"
@@ -211,14 +313,16 @@ class RewardPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("RewardPool.submit called after close()")
-            self._pending.put((_Batch(self._fns, completions, examples), future))
+            batch = _Batch(self._fns, completions, examples)
+            batch.context = context
+            self._pending.put((batch, future))
         return future
 
     def score(
-        self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
+        self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]], **kwargs: Any
     ) -> BatchRewards:
-        """Score a batch and wait for it (see `submit`)."""
-        return self.submit(completions, examples).result()
+        """Score a batch and wait for it (see `submit` for the keyword arguments)."""
+        return self.submit(completions, examples, **kwargs).result()
 
     def close(self) -> None:
         """Finish the batches already submitted, then stop the threads. Idempotent."""
@@ -297,6 +401,73 @@ class RewardPool:
         components = {
             name: scores[:, k].astype(np.float32) for k, (name, _) in enumerate(batch.fns)
         }
-        weights = np.array([self._weights[name] for name, _ in batch.fns], np.float64)
-        total = (scores @ weights if n else np.zeros(0)).astype(np.float32)
-        return BatchRewards(total=total, components=components, reasons=reasons, seconds=seconds)
+        if self._batch_fns:
+            components.update(self._batch_components(batch, components, reasons))
+        total = np.zeros(n, np.float64)
+        for name, values in components.items():
+            total += self._weights[name] * values.astype(np.float64)
+        return BatchRewards(total=total.astype(np.float32), components=components,
+                            reasons=reasons, seconds=seconds)
+
+    def _batch_components(self, batch: _Batch, components: dict[str, np.ndarray],
+                          reasons: collections.Counter) -> dict[str, np.ndarray]:
+        """Scores of the batch rewards; a failing one scores 0 with a counted reason."""
+        n = len(batch.completions)
+        lengths, truncated, max_length, group_size = batch.context
+        correct = components[self.verifier] > 0.5 if self.verifier in components else None
+        ctx = BatchContext(completions=batch.completions, examples=batch.examples,
+                           lengths=lengths, truncated=truncated, max_length=max_length,
+                           group_size=group_size, correct=correct, components=components)
+        out = {}
+        for name, fn in self._batch_fns:
+            try:
+                values = np.asarray(fn(ctx), np.float64)
+                if values.shape != (n,):
+                    raise ValueError(f"returned shape {values.shape}, expected ({n},)")
+            except Exception as exc:
+                _log.warning("batch reward %r failed: %r", name, exc)
+                reasons[f"{name}/exception"] += n
+                out[name] = np.zeros(n, np.float32)
+                continue
+            bad = ~np.isfinite(values)
+            if bad.any():
+                reasons[f"{name}/nonfinite"] += int(bad.sum())
+            out[name] = np.where(bad, 0.0, values).astype(np.float32)
+        return out
+
+
+def make_reward_pool(config) -> RewardPool:
+    """The RL reward pool of a run config: `rewards.weights`, `rewards.options`, the task's
+    verifier, `rewards.num_workers`, `rewards.timeout_s`. Imports `rewards.modules` first so
+    that user rewards they register (`@register_reward`) can be named in the weights."""
+    from jaxrl_reason.data.tasks import task_verifier  # data imports nothing from rewards
+
+    import_reward_modules(config.rewards.get("modules", ()))
+    options = {k: dict(v) for k, v in dict(config.rewards.get("options", {})).items()}
+    return RewardPool(dict(config.rewards.weights), options=options,
+                      verifier=task_verifier(config), num_workers=config.rewards.num_workers,
+                      timeout_s=config.rewards.timeout_s)
+
+
+def import_reward_modules(modules: Sequence[str]) -> None:
+    """Imports each module (dotted name, or a path to a .py file) so its rewards register.
+
+    Raises ValueError naming the module when it cannot be imported.
+    """
+    import importlib
+    import importlib.util
+    import os
+
+    for module in modules:
+        try:
+            if str(module).endswith(".py"):
+                if not os.path.isfile(module):
+                    raise FileNotFoundError(f"no such file {module!r}")
+                name = "jaxrl_reason_user_" + os.path.splitext(os.path.basename(module))[0]
+                spec = importlib.util.spec_from_file_location(name, module)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+            else:
+                importlib.import_module(module)
+        except Exception as exc:
+            raise ValueError(f"rewards.modules: cannot import {module!r}: {exc!r}") from exc
