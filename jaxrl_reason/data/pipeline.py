@@ -13,12 +13,13 @@ uninterrupted run would have produced. Orbax stores it with the other training s
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
+
+from jaxrl_reason.data.files import read_examples
 
 Example = dict[str, Any]
 
@@ -62,7 +63,7 @@ def example_iterator(
 
     Args:
       source: random-access sequence (`len` and `__getitem__`) of example dicts, e.g. a
-        list or `jsonl_source(...)`.
+        list or `files.read_examples(...)`.
       batch_size: examples per batch (per process).
       seed: shuffle seed, an int in [0, 2**32). Each epoch is shuffled differently.
       shuffle: False keeps source order (still sharded).
@@ -120,18 +121,6 @@ def example_iterator(
     return iter(ds.to_iter_dataset(read_options))
 
 
-def _field(record: dict, name: str, where: str, *, numbers_ok: bool) -> Any:
-    if name not in record:
-        raise ValueError(f"{where}: missing field {name!r} (fields: {sorted(record)})")
-    value = record[name]
-    if isinstance(value, str):
-        return value
-    if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    kinds = "a string or a number" if numbers_ok else "a string"
-    raise ValueError(f"{where}: field {name!r} must be {kinds}, got {value!r}")
-
-
 def jsonl_source(
     path: str | os.PathLike,
     *,
@@ -139,13 +128,15 @@ def jsonl_source(
     answer_field: str = "answer",
     id_field: str | None = None,
 ) -> list[Example]:
-    """Reads a local JSONL file of examples into memory.
+    """Reads a local JSONL file of {prompt, answer} examples into memory.
 
-    Each non-blank line must be a JSON object with `prompt_field` (a string) and
-    `answer_field` (a string or a number, converted with `str`). The result maps them to
-    the keys "prompt" and "answer" and adds "id": `str(record[id_field])`, or
-    "<file stem>-<line number>" when `id_field` is None. Other fields are kept as they
-    are; the source names of renamed fields are dropped.
+    A shorthand for `files.read_examples(path, format="jsonl", fields={"prompt":
+    prompt_field, "answer": answer_field}, id_field=id_field)` (see it for presets,
+    parquet, templates and skipping malformed records). Each non-blank line must be a JSON
+    object with `prompt_field` (a string) and `answer_field` (a string or a number,
+    converted with `str`). The result maps them to the keys "prompt" and "answer" and adds
+    "id": `str(record[id_field])`, or "<file stem>-<line number>" when `id_field` is None.
+    Other fields are kept as they are; the source names of renamed fields are dropped.
 
     Returns:
       A list with one example dict per non-blank line, in file order.
@@ -154,31 +145,10 @@ def jsonl_source(
       ValueError: a malformed line, a non-object line, or a missing/ill-typed field,
         naming the file and the 1-based line number; or a file with no examples.
     """
-    path = os.fspath(path)
-    stem = os.path.splitext(os.path.basename(path))[0]
-    examples = []
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(raw.decode("utf-8-sig"))
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{where}: not UTF-8 text ({e.reason})") from None
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            renamed = (prompt_field, answer_field, id_field)
-            example = {k: v for k, v in record.items() if k not in renamed}
-            example["prompt"] = _field(record, prompt_field, where, numbers_ok=False)
-            example["answer"] = _field(record, answer_field, where, numbers_ok=True)
-            if id_field is None:
-                example["id"] = f"{stem}-{line_no}"
-            else:
-                example["id"] = _field(record, id_field, where, numbers_ok=True)
-            examples.append(example)
-    if not examples:
-        raise ValueError(f"{path}: no examples (the file is empty or blank)")
-    return examples
+    source = read_examples(
+        path,
+        format="jsonl",
+        fields={"prompt": prompt_field, "answer": answer_field},
+        id_field=id_field,
+    )
+    return list(source)
