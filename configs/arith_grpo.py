@@ -60,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.train_levels = (1, 2, 3)         # difficulty levels used for SFT and RL
     c.task.eval_levels = ((1, 2, 3), (4,))  # evaluation sets: held-out in-range, one above
     c.task.prompt_buckets = (16, 32)        # prompt lengths (tokens) programs are compiled for
+    c.task.length_targets = (0, 0)          # L1/LCPO token budgets (low, high) per prompt; (0, 0): off
 
     c.sft = ml_collections.ConfigDict()
     c.sft.num_examples = 64 if smoke else 3000   # cold-start traces (a true cold start)
@@ -100,6 +101,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.rewards = ml_collections.ConfigDict()
     c.rewards.weights = ml_collections.ConfigDict({"correctness": 1.0, "format_strict": 0.1})
+    # Keyword options per reward, used when that reward is weighted (see jaxrl_reason.rewards).
+    c.rewards.options = ml_collections.ConfigDict({
+        "length_l1_exact": {"alpha": 3e-4},                  # L1-Exact: -alpha*|n_gold - n|
+        "length_l1_max": {"alpha": 3e-4, "delta": 0.5},      # L1-Max
+        "length_cosine": {"correct_short": 2.0, "correct_long": 1.0, "wrong_short": -10.0,
+                          "wrong_long": 0.0, "exceed": -10.0},  # Yeo et al. cosine reward
+        "overlong_dapo": {"cache_length": 0},                # DAPO soft window; 0 = L/4
+    })
+    c.rewards.modules = ()                  # modules / .py files registering user rewards
     c.rewards.num_workers = 2               # host threads scoring completions
     c.rewards.timeout_s = 5.0               # per-call verifier timeout
 

@@ -19,7 +19,8 @@ from jaxrl_reason import evaluation
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.rewards.math import extract_answer
 from jaxrl_reason.rewards.pool import RewardPool
-from jaxrl_reason.runtime import Runtime, task_source
+from jaxrl_reason.data.tasks import eval_sources, task_verifier
+from jaxrl_reason.runtime import Runtime
 
 REPORT_METRICS = ("pass@1", "maj@{n}", "pass@{n}", "mean_length")
 
@@ -32,14 +33,11 @@ def level_set_name(levels: Sequence[int], train_levels: Sequence[int]) -> str:
 
 
 def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
-    """Named held-out problem sets from `config.task.eval_levels` (the task's eval split)."""
-    sets = {}
-    for levels in config.task.eval_levels:
-        source = task_source(config, "eval", levels, config.eval.num_problems,
-                             seed=config.eval.data_seed)
-        sets[level_set_name(levels, config.task.train_levels)] = [
-            source[i] for i in range(len(source))]
-    return sets
+    """Named held-out problem sets: the task's eval split for each `task.eval_levels` group,
+    or each file of `task.eval_files` for a file task."""
+    sources = eval_sources(config, config.eval.num_problems, config.eval.data_seed,
+                           lambda levels: level_set_name(levels, config.task.train_levels))
+    return {name: [source[i] for i in range(len(source))] for name, source in sources.items()}
 
 
 def _padded_chunks(examples: Sequence[Mapping], size: int):
@@ -70,7 +68,7 @@ def sample_and_verify(rt: Runtime, params, examples: Sequence[Mapping], pool: Re
         tokens, lens = tokens[:real * num_samples], lens[:real * num_samples]
         chunk_texts = [rt.tokenizer.decode(row[:n]) for row, n in zip(tokens, lens)]
         rows = [ex for ex in chunk[:real] for _ in range(num_samples)]
-        scores = pool.score(chunk_texts, rows).components["correctness"]
+        scores = pool.score(chunk_texts, rows).total
         correct.append(scores.reshape(real, num_samples) > 0.5)
         lengths.append(np.asarray(lens).reshape(real, num_samples))
         for p in range(real):
@@ -95,7 +93,8 @@ def evaluate(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] | None =
     report: dict[str, Any] = {"sets": {}, "config": {
         "num_samples": n, "seeds": list(cfg.seeds), "temperature": cfg.temperature,
         "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens}}
-    with RewardPool({"correctness": 1.0}, num_workers=rt.config.rewards.num_workers,
+    verifier = task_verifier(rt.config)
+    with RewardPool({verifier: 1.0}, num_workers=rt.config.rewards.num_workers,
                     timeout_s=rt.config.rewards.timeout_s) as pool, \
             ProgressBar(len(sets) * len(cfg.seeds), f"eval{label}", enabled=progress) as bar:
         for name, examples in sets.items():

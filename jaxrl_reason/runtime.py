@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_reason import sharding as shd
-from jaxrl_reason.data import arithmetic
+from jaxrl_reason.data.tasks import get_task
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad, pick_bucket
@@ -95,7 +95,7 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenize
     saved = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(saved):
         return Tokenizer.load(saved)
-    corpus = arithmetic.tokenizer_corpus(config.tokenizer.corpus_examples)
+    corpus = get_task(config.task.name).corpus(config, config.tokenizer.corpus_examples)
     tokenizer = train_tokenizer(corpus, config.tokenizer.vocab_size)
     os.makedirs(workdir, exist_ok=True)
     tokenizer.save(saved)
@@ -116,12 +116,3 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
                       rules=rules)
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)
-
-
-def task_source(config: ml_collections.ConfigDict, split: str, levels: Sequence[int],
-                size: int, seed: int):
-    """The random-access example source of the configured task."""
-    if config.task.name != "arithmetic":
-        raise ValueError(f"task.name={config.task.name!r} is not a built-in task "
-                         f"(built-in: 'arithmetic')")
-    return arithmetic.ArithmeticSource(split, tuple(levels), size, seed)

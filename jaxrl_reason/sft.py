@@ -19,11 +19,33 @@ from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
-from jaxrl_reason.runtime import Runtime, task_source
+from jaxrl_reason.data.tasks import task_source
+from jaxrl_reason.runtime import Runtime
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
                                       learning_rate_schedule, make_optimizer)
+
+
+def sft_examples(source: Sequence[Mapping[str, Any]], limit: int) -> Sequence[Mapping[str, Any]]:
+    """The SFT data: `source` itself when its size is at most `limit` and its first example
+    has a "completion" (procedural tasks); otherwise the first `limit` examples that have
+    one (file tasks, where records without a worked solution serve RL only). ValueError when
+    none has a completion."""
+    if len(source) <= limit and len(source) and "completion" in source[0]:
+        return source
+    out = []
+    for i in range(len(source)):
+        example = source[i]
+        if isinstance(example.get("completion"), str):
+            out.append(example)
+            if len(out) == limit:
+                break
+    if not out:
+        raise ValueError("cold-start SFT: no training example has a 'completion' (or a "
+                         "'solution' to build one from); give such records, or skip the "
+                         "cold start with --init_checkpoint")
+    return out
 
 
 def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion_length: int,
@@ -96,8 +118,8 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
     if params is None:
         params = init_params(rt.model_cfg, jax.random.key(rt.config.seed), rt.mesh, rt.rules)
     state = create_train_state(params, optimizer)
-    source = task_source(rt.config, "train", rt.config.task.train_levels, cfg.num_examples,
-                         seed=rt.config.seed)
+    source = sft_examples(task_source(rt.config, "train", rt.config.task.train_levels,
+                                      cfg.num_examples, seed=rt.config.seed), cfg.num_examples)
     data = example_iterator(source, batch_size=cfg.batch_size, seed=rt.config.seed)
 
     ckpt = PhaseCheckpointer(rt, "sft")

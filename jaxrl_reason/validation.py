@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 from typing import Any
 
 import ml_collections
 
+from jaxrl_reason.data.tasks import get_task
+from jaxrl_reason.rewards.pool import import_reward_modules, resolve_rewards
 from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES
 from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from jaxrl_reason.sharding import MESH_AXES, resolve_mesh_shape
@@ -79,13 +83,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     mesh_problems, dp = _mesh_problems(config, num_devices)
     problems += mesh_problems
 
-    levels = _get(config, "task.train_levels", ())
-    for key in ("task.train_levels",):
-        if not levels or not all(isinstance(v, int) and 1 <= v <= 5 for v in levels):
-            problems.append(f"{key}: must be a non-empty list of levels in 1..5, got {levels!r}")
-    for group in _get(config, "task.eval_levels", ()):
-        if not group or not all(isinstance(v, int) and 1 <= v <= 5 for v in group):
-            problems.append(f"task.eval_levels: each set must list levels in 1..5, got {group!r}")
+    problems += _task_problems(config)
     buckets = _get(config, "task.prompt_buckets", ())
     if not buckets or not all(isinstance(b, int) and b > 0 for b in buckets):
         problems.append(f"task.prompt_buckets: must be positive integers, got {buckets!r}")
@@ -135,9 +133,81 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
             and bucket > config.rl.max_new_tokens:
         problems.append(f"rl.train_length_bucket: {bucket} exceeds rl.max_new_tokens "
                         f"{config.rl.max_new_tokens}")
+    problems += _reward_problems(config)
+    return problems
+
+
+def _task_problems(config) -> list[str]:
+    problems = []
+    try:
+        task = get_task(_get(config, "task.name"))
+    except ValueError as e:
+        return [f"task.name: {e}"]
+    if task.name == "file":
+        return _file_task_problems(config)
+    top = task.max_level
+    levels = _get(config, "task.train_levels", ())
+    if not levels or not all(isinstance(v, int) and 1 <= v <= top for v in levels):
+        problems.append(f"task.train_levels: must be a non-empty list of {task.name} levels "
+                        f"in 1..{top}, got {levels!r}")
+    for group in _get(config, "task.eval_levels", ()):
+        if not group or not all(isinstance(v, int) and 1 <= v <= top for v in group):
+            problems.append(f"task.eval_levels: each set must list {task.name} levels in "
+                            f"1..{top}, got {group!r}")
+    targets = _get(config, "task.length_targets", (0, 0))
+    if not (isinstance(targets, (tuple, list)) and len(targets) == 2
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in targets)
+            and (tuple(targets) == (0, 0) or 0 < targets[0] <= targets[1])):
+        problems.append(f"task.length_targets: must be (low, high) token budgets with "
+                        f"0 < low <= high, or (0, 0) for none; got {targets!r}")
+    return problems
+
+
+def _file_task_problems(config) -> list[str]:
+    problems = []
+    paths = {"task.train_file": _get(config, "task.train_file")}
+    eval_files = _get(config, "task.eval_files", {})
+    paths.update({f"task.eval_files.{k}": v for k, v in dict(eval_files or {}).items()})
+    for key, path in paths.items():
+        if not isinstance(path, str) or not path:
+            problems.append(f"{key}: must be a path, got {path!r}")
+        elif not (os.path.exists(path) or glob.glob(path)):
+            problems.append(f"{key}: {path!r} does not exist")
+    _one_of(problems, config, "task.format", ("auto", "jsonl", "parquet"))
+    _one_of(problems, config, "task.preset", ("gsm8k", "math", "generic"))
+    _one_of(problems, config, "task.on_error", ("raise", "skip"))
+    try:
+        from jaxrl_reason.data.templates import get_template
+        get_template(_get(config, "task.template") or "plain")
+    except (ValueError, TypeError) as e:
+        problems.append(f"task.template: {e}")
+    return problems
+
+
+def _reward_problems(config) -> list[str]:
     weights = _get(config, "rewards.weights", {})
     if not weights:
-        problems.append("rewards.weights: at least one reward component is needed")
+        return ["rewards.weights: at least one reward component is needed"]
+    try:
+        import_reward_modules(tuple(_get(config, "rewards.modules", ())))
+    except ValueError as e:
+        return [str(e)]
+    options = {k: (dict(v) if isinstance(v, (dict, ml_collections.ConfigDict)) else v)
+               for k, v in dict(_get(config, "rewards.options", {})).items()}
+    try:
+        verifier = get_task(_get(config, "task.name")).verifier
+    except ValueError:
+        verifier = "correctness"
+    problems = []
+    for name, weight in dict(weights).items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+                or not math.isfinite(weight):
+            problems.append(f"rewards.weights.{name}: must be a finite number, got {weight!r}")
+    try:
+        resolve_rewards(dict(weights), options, verifier)
+    except ValueError as e:
+        key = "rewards.options" if "option" in str(e) else "rewards.weights"
+        problems.append(f"{key}: {e}")
     return problems
 
 

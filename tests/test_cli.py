@@ -132,7 +132,9 @@ def test_smoke_train_writes_every_artifact(smoke_run, config_path):
         report = json.load(f)
     assert set(report["reports"]) == {"sft", "rl"}
     for rep in report["reports"].values():
-        assert len(rep["sets"]) == len(config.task.eval_levels)
+        expected = (len(config.task.eval_files) if config.task.name == "file"
+                    else len(config.task.eval_levels))
+        assert len(rep["sets"]) == expected
         for summary in rep["sets"].values():
             assert 0.0 <= summary["pass@1"]["mean"] <= 1.0
             assert len(summary["pass@1"]["values"]) == len(config.eval.seeds)

@@ -1,14 +1,27 @@
 """Verifiers and reward shaping: registered reward functions and the host thread pool.
 
 Importing this package registers the built-in rewards: "correctness" (math answers),
-"format_strict" and "format_lenient" (the `<think>`/`<answer>` template).
+"format_strict" and "format_lenient" (the `<think>`/`<answer>` template), "countdown",
+"knights_knaves", "code" (sandboxed Python against test cases), and the length
+shaping batch rewards "length_kimi", "length_l1_exact", "length_l1_max", "length_cosine",
+"overlong_dapo".
 """
-from jaxrl_reason.rewards import format, math  # noqa: F401  (register the built-in rewards)
+from jaxrl_reason.rewards import (  # noqa: F401  (register the built-in rewards)
+    code,
+    countdown,
+    format,
+    length,
+    logic,
+    math,
+)
 from jaxrl_reason.rewards.base import (
+    BatchContext,
     RewardFunction,
     RewardResult,
     available_rewards,
+    get_batch_reward,
     get_reward,
+    register_batch_reward,
     register_reward,
 )
 from jaxrl_reason.rewards.format import format_lenient, format_strict
@@ -16,6 +29,7 @@ from jaxrl_reason.rewards.math import correctness, extract_answer, is_equivalent
 from jaxrl_reason.rewards.pool import BatchRewards, RewardPool
 
 __all__ = [
+    "BatchContext",
     "BatchRewards",
     "RewardFunction",
     "RewardPool",
@@ -25,7 +39,9 @@ __all__ = [
     "extract_answer",
     "format_lenient",
     "format_strict",
+    "get_batch_reward",
     "get_reward",
     "is_equivalent",
+    "register_batch_reward",
     "register_reward",
 ]

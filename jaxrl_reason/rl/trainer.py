@@ -33,11 +33,12 @@ from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
-from jaxrl_reason.rewards.pool import RewardPool
+from jaxrl_reason.rewards.pool import make_reward_pool
 from jaxrl_reason.rl.advantages import group_advantages, group_stats
 from jaxrl_reason.rl.losses import policy_loss
 from jaxrl_reason.run_state import PhaseCheckpointer
-from jaxrl_reason.runtime import Runtime, task_source
+from jaxrl_reason.data.tasks import task_source, task_verifier
+from jaxrl_reason.runtime import Runtime
 from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
                                       learning_rate_schedule, make_optimizer)
@@ -148,9 +149,8 @@ class RLTrainer:
         source = task_source(rt.config, "train", rt.config.task.train_levels, TRAIN_SIZE,
                              seed=rt.config.seed + 1)
         self.data = example_iterator(source, batch_size=rl.batch_prompts, seed=rt.config.seed)
-        self.rewards = RewardPool(dict(rt.config.rewards.weights),
-                                  num_workers=rt.config.rewards.num_workers,
-                                  timeout_s=rt.config.rewards.timeout_s)
+        self.verifier = task_verifier(rt.config)
+        self.rewards = make_reward_pool(rt.config)
         # Zero-advantage rows carry no loss term only without the KL penalty.
         self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature)
@@ -228,7 +228,9 @@ class RLTrainer:
         tok = self.rt.tokenizer
         texts = [tok.decode(row[:n]) for row, n in zip(host["tokens"], host["lengths"])]
         rows = [ex for ex in examples for _ in range(self.rl.num_generations)]
-        return self.rewards.submit(texts, rows)
+        return self.rewards.submit(texts, rows, lengths=host["lengths"],
+                                   truncated=host["truncated"], max_length=self.rl.max_new_tokens,
+                                   group_size=self.rl.num_generations)
 
     def step(self, examples) -> dict[str, float]:
         rl, times = self.rl, {}
@@ -288,8 +290,8 @@ class RLTrainer:
         }
         for name, values in rewards.components.items():
             out[f"reward/{name}"] = float(np.mean(values))
-        if "correctness" in rewards.components:
-            out["accuracy"] = out["reward/correctness"]
+        if self.verifier in rewards.components:
+            out["accuracy"] = out[f"reward/{self.verifier}"]
         for name in ("format_strict", "format_lenient"):
             if name in rewards.components:
                 out["format_rate"] = out[f"reward/{name}"]
