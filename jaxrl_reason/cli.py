@@ -3,7 +3,8 @@
     jaxrl-reason train  --config configs/arith_grpo.py [--workdir DIR] [--resume]
                         [--init_checkpoint DIR]          # skip the cold start
     jaxrl-reason sft    --config configs/arith_grpo.py [--workdir DIR]
-    jaxrl-reason eval   --checkpoint DIR [--config FILE] [--data FILE.jsonl] [--out FILE]
+    jaxrl-reason eval   --checkpoint DIR [--config FILE] [--data FILE.jsonl|.parquet
+                        [--data_preset generic|gsm8k|math]] [--out FILE]
     jaxrl-reason sample --checkpoint DIR --prompt TEXT [--greedy] [--max-new-tokens N]
 
 Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
@@ -44,8 +45,13 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
         flags.DEFINE_string("checkpoint", None, "run workdir or phase checkpoint directory",
                             flag_values=fv, required=True)
     if command == "eval":
-        flags.DEFINE_string("data", None, "JSONL file of {prompt, answer} records to evaluate "
-                            "on instead of the task's held-out sets", flag_values=fv)
+        flags.DEFINE_string("data", None, "JSONL or parquet file (or directory / glob) of "
+                            "problems to evaluate on instead of the task's held-out sets",
+                            flag_values=fv)
+        flags.DEFINE_enum("data_preset", "generic", ["generic", "gsm8k", "math"],
+                          "field mapping of --data: generic {prompt, answer}, GSM8K "
+                          "{question, answer '#### N'}, MATH {problem, solution \\boxed{}}",
+                          flag_values=fv)
         flags.DEFINE_string("out", None, "JSON report path (default <checkpoint>/eval.json)",
                             flag_values=fv)
     if command == "sample":

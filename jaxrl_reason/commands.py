@@ -16,7 +16,7 @@ import ml_collections
 from jaxrl_reason import eval_runner
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.checkpointing import Checkpointer
-from jaxrl_reason.data.pipeline import jsonl_source
+from jaxrl_reason.data.files import read_examples
 from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl.trainer import RLTrainer
@@ -135,7 +135,10 @@ def eval(fv) -> int:  # noqa: A001 (the command's name)
     tokenizer = Tokenizer.from_serialized(params_meta["tokenizer"])
     rt = build_runtime(config, directory, tokenizer=tokenizer)
     params, _, _, _ = load_params(directory, rt.mesh, rt.rules)
-    sets = {os.path.basename(fv.data): jsonl_source(fv.data)} if fv.data else None
+    sets = None
+    if fv.data:
+        source = read_examples(fv.data, fields=fv.data_preset)
+        sets = {os.path.basename(fv.data): [source[i] for i in range(len(source))]}
     report = eval_runner.evaluate(rt, params, sets, progress=config.log.progress_bar)
     table = eval_runner.comparison_table({os.path.basename(directory): report},
                                          config.eval.num_samples)

@@ -194,6 +194,24 @@ def test_eval_on_a_jsonl_file_writes_a_report(smoke_run, tmp_path, capsys):
     assert "probe.jsonl" in capsys.readouterr().out
 
 
+def test_eval_on_a_gsm8k_format_file(smoke_run, tmp_path, capsys):
+    workdir = smoke_run(ARITH)
+    data = tmp_path / "gsm.jsonl"
+    data.write_text('{"question": "What is 2+3?", "answer": "2+3=<<2+3=5>>5\\n#### 5"}\n'
+                    '{"question": "What is 1,000+1?", "answer": "So 1,001.\\n#### 1,001"}\n')
+    out = tmp_path / "report.json"
+    rc = run_cli("eval", "--checkpoint", str(workdir), "--data", str(data), "--data_preset",
+                 "gsm8k", "--out", str(out))
+    assert rc == 0
+    assert list(json.loads(out.read_text())["report"]["sets"]) == ["gsm.jsonl"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "no final line"}\n')
+    capsys.readouterr()
+    assert run_cli("eval", "--checkpoint", str(workdir), "--data", str(bad), "--data_preset",
+                   "gsm8k") != 0
+    assert "bad.jsonl:1" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -1,4 +1,5 @@
 """Tests for RewardPool: weighting, failure handling, timeouts, concurrency."""
+import os
 import threading
 import time
 
@@ -151,3 +152,42 @@ def test_many_threads_share_the_math_verifier():
     with RewardPool({"correctness": 1.0}, num_workers=4) as pool:
         out = pool.score(texts, _examples(len(texts)))
     np.testing.assert_allclose(out.total, [1.0, 1.0, 1.0, 0.0] * 4)
+
+
+def test_user_reward_module_registers_by_path_and_bad_ones_are_named(tmp_path):
+    from jaxrl_reason.rewards.pool import import_reward_modules
+
+    module = tmp_path / "my_rewards.py"
+    module.write_text("from jaxrl_reason.rewards import register_reward\n"
+                      "@register_reward('_user_shout')\n"
+                      "def shout(completion, example, bonus=0.0):\n"
+                      "    return float(completion.isupper()) + bonus\n")
+    import_reward_modules([str(module)])
+    with RewardPool({"_user_shout": 1.0}, options={"_user_shout": {"bonus": 0.5}},
+                    num_workers=1) as pool:
+        out = pool.score(["HI", "hi"], _examples(2))
+    np.testing.assert_allclose(out.total, [1.5, 0.5])
+    with pytest.raises(ValueError, match="rewards.modules.*missing.py"):
+        import_reward_modules([str(tmp_path / "missing.py")])
+    with pytest.raises(ValueError, match="rewards.modules.*no_such_pkg"):
+        import_reward_modules(["no_such_pkg.rewards"])
+
+
+def test_config_validation_names_bad_rewards():
+    from jaxrl_reason.cli import parse
+    from jaxrl_reason.validation import validate_config
+
+    import ml_collections
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _, fv = parse(["jaxrl-reason", "train", "--config",
+                   os.path.join(repo, "configs", "arith_grpo.py") + ":smoke"])
+    config = fv.config
+    config.unlock()
+    config.rewards.weights = ml_collections.ConfigDict({"correctnes": 1.0})
+    config.rewards.options.overlong_dapo.cache_length = 3
+    config.rewards.options.overlong_dapo.unused = 1
+    problems = validate_config(config, 1)
+    assert any(p.startswith("rewards.weights: unknown reward 'correctnes'") for p in problems)
+    config.rewards.weights = ml_collections.ConfigDict({"overlong_dapo": 1.0})
+    problems = validate_config(config, 1)
+    assert any(p.startswith("rewards.options:") and "unused" in p for p in problems), problems

@@ -297,3 +297,30 @@ def test_skipping_zero_advantage_rows_gives_the_whole_batch_update(make_trainer)
         # differ between the two summation orders, so compare to 5% of lr (1e-2).
         for a, b in zip(jax.tree.leaves(p_skip), jax.tree.leaves(p_full)):
             np.testing.assert_allclose(a, b, rtol=0, atol=5e-4)
+
+
+def test_batch_rewards_see_the_rollout_lengths(make_trainer):
+    """Length shaping in a real step: DAPO's overlong penalty and Kimi's length reward get
+    the sampler's token lengths, truncation flags and groups, and are logged per component."""
+    weights = {"correctness": 1.0, "format_strict": 0.1, "overlong_dapo": 1.0,
+               "length_kimi": 0.5}
+    trainer, _ = make_trainer(weights=weights)
+    examples = next(trainer.data)
+    host = trainer.generate(examples, jax.random.key(3))
+    rewards = trainer.score(examples, host).result()
+    cache = MAX_NEW // 4   # the config's cache_length 0 means a quarter of the budget
+    want = np.where(host["truncated"], -1.0,
+                    np.minimum(0.0, np.maximum(-1.0, (MAX_NEW - cache - host["lengths"]) / cache)))
+    np.testing.assert_allclose(rewards.components["overlong_dapo"], want, atol=1e-6)
+    g = trainer.rl.num_generations
+    lengths = host["lengths"].reshape(-1, g)
+    span = lengths.max(1, keepdims=True) - lengths.min(1, keepdims=True)
+    lam = np.where(span > 0, 0.5 - (lengths - lengths.min(1, keepdims=True)) / np.maximum(span, 1),
+                   0.0).reshape(-1)
+    correct = rewards.components["correctness"] > 0.5
+    np.testing.assert_allclose(rewards.components["length_kimi"],
+                               np.where(correct, lam, np.minimum(0, lam)), atol=1e-6)
+    total = sum(w * rewards.components[k] for k, w in weights.items())
+    np.testing.assert_allclose(rewards.total, total, atol=1e-5)
+    metrics = trainer.step(examples)
+    assert "reward/overlong_dapo" in metrics and "reward/length_kimi" in metrics
