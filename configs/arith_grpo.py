@@ -95,6 +95,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.epsilon_high = 0.2                 # upper clip range (DAPO clip-higher: 0.28)
     c.rl.beta = 0.0                         # KL coefficient to the SFT reference (0: no reference)
     c.rl.kl_estimator = "k3"                # k1 | k2 | k3
+    c.rl.kl_target = 0.0                    # > 0: adaptive KL controller aims beta at this KL
+    c.rl.kl_horizon = 10000.0               # adaptive KL horizon (samples)
+    c.rl.ref_sync_every = 0                 # > 0: mix the reference toward the policy every k steps
+    c.rl.ref_sync_alpha = 1.0               # reference sync mixing rate (1 = copy the policy)
+    c.rl.dynamic_sampling = False           # DAPO: resample until B groups have reward variance
+    c.rl.dynamic_sampling_max_rounds = 3    # extra sampling rounds per step at most
+    c.rl.mask_truncated_completions = False  # truncated samples give no gradient (DAPO)
     c.rl.train_length_bucket = 32           # training pads completions to a multiple of this
     c.rl.skip_zero_advantage_rows = True    # beta = 0: update only on rows with a signal
     c.rl.train_row_buckets = 4              # row counts the update compiles for (N*k/4)

@@ -115,6 +115,21 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         problems.append(
             f"rl.num_generations: {_get(config, 'rl.advantage_estimator')} needs a group of at "
             f"least 2 samples per prompt (its baseline is the group), got {group}")
+    if _get(config, "rl.dynamic_sampling") and isinstance(group, int) and group < 2:
+        problems.append(f"rl.dynamic_sampling: needs rl.num_generations >= 2 (it keeps groups "
+                        f"whose rewards differ), got {group}")
+    if isinstance(_get(config, "rl.dynamic_sampling_max_rounds"), int) \
+            and _get(config, "rl.dynamic_sampling_max_rounds") < 0:
+        problems.append("rl.dynamic_sampling_max_rounds: must be >= 0")
+    kl_target = _get(config, "rl.kl_target", 0.0)
+    if isinstance(kl_target, (int, float)) and kl_target < 0:
+        problems.append(f"rl.kl_target: must be >= 0 (0 = fixed beta), got {kl_target}")
+    if isinstance(kl_target, (int, float)) and kl_target > 0 and not _get(config, "rl.beta", 0) > 0:
+        problems.append("rl.kl_target: the adaptive KL controller needs an initial rl.beta > 0")
+    if _get(config, "rl.kl_target", 0.0):
+        _in_range(problems, config, "rl.kl_horizon", 0.0, 1e12, low_open=True)
+    if _get(config, "rl.ref_sync_every", 0):
+        _in_range(problems, config, "rl.ref_sync_alpha", 0.0, 1.0, low_open=True)
     prompts = _get(config, "rl.batch_prompts")
     if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
         problems.append(

@@ -33,7 +33,7 @@ from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
-from jaxrl_reason.rewards.pool import make_reward_pool
+from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.rl.advantages import group_advantages, group_stats
 from jaxrl_reason.rl.losses import policy_loss
 from jaxrl_reason.run_state import PhaseCheckpointer
@@ -100,6 +100,69 @@ def select_train_rows(advantages: np.ndarray, num_buckets: int, multiple: int):
     return rows, real
 
 
+def zero_variance_groups(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """bool [P]: groups (consecutive `group_size` rows of f32 [N] rewards) whose rewards are
+    all equal, so that their group-relative advantages are all 0."""
+    grouped = np.asarray(rewards).reshape(-1, group_size)
+    return np.all(grouped == grouped[:, :1], axis=1)
+
+
+def merge_groups(parts, keep, group_size: int, length_bucket: int, max_length: int):
+    """One batch from groups of several sampled-and-scored batches (DAPO dynamic sampling).
+
+    Args:
+      parts: [(examples [P_i], host dict of `RLTrainer.generate`, BatchRewards)].
+      keep: [(part index, group index)] in the order the merged batch holds them.
+    Returns:
+      (examples, host, rewards) of the kept groups: prompts left-padded to the longest
+      prompt bucket among them, the training length re-derived, reward reasons summed over
+      every part (they describe all scored samples).
+    """
+    g = group_size
+    examples = [parts[p][0][k] for p, k in keep]
+    rows = [(p, k * g + j) for p, k in keep for j in range(g)]
+    tp = max(parts[p][1]["prompt_tokens"].shape[1] for p, _ in keep)
+
+    def left_pad(a, fill):
+        return np.pad(a, ((0, 0), (tp - a.shape[1], 0)), constant_values=fill)
+
+    host = {name: np.stack([parts[p][1][name][r] for p, r in rows])
+            for name in ("tokens", "lengths", "truncated", "sampler_logp")}
+    host["prompt_tokens"] = np.stack(
+        [left_pad(parts[p][1]["prompt_tokens"], 0)[k] for p, k in keep])
+    host["prompt_valid"] = np.stack(
+        [left_pad(parts[p][1]["prompt_valid"], False)[k] for p, k in keep])
+    host["length"] = min(round_up(int(host["lengths"].max()), length_bucket), max_length)
+    names = parts[0][2].components
+    reasons = sum((r.reasons for _, _, r in parts), type(parts[0][2].reasons)())
+    rewards = BatchRewards(
+        total=np.array([parts[p][2].total[r] for p, r in rows], np.float32),
+        components={n: np.array([parts[p][2].components[n][r] for p, r in rows], np.float32)
+                    for n in names},
+        reasons=reasons, seconds=sum(r.seconds for _, _, r in parts))
+    return examples, host, rewards
+
+
+def adaptive_kl_beta(beta: float, kl: float, target: float, horizon: float,
+                     batch_size: int) -> float:
+    """Adaptive KL controller (Ziegler et al. 2019): beta *= 1 + clip(kl / target - 1,
+    -0.2, 0.2) * batch_size / horizon, so the measured KL drifts toward `target`."""
+    error = float(np.clip(kl / target - 1.0, -0.2, 0.2))
+    return float(beta * (1.0 + error * batch_size / horizon))
+
+
+@jax.jit
+def _mix(ref, policy, alpha):
+    return jax.tree.map(lambda r, p: (alpha * p + (1.0 - alpha) * r).astype(r.dtype),
+                        ref, policy)
+
+
+def mix_reference(ref_params, params, alpha: float):
+    """Reference sync (TR-DPO / TRL `sync_ref_model`): alpha * policy + (1 - alpha) * ref,
+    as new arrays (the policy's buffers are donated by the next update)."""
+    return _mix(ref_params, params, jnp.float32(alpha))
+
+
 def make_update_fn(model, optimizer, rl):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics)."""
 
@@ -110,7 +173,7 @@ def make_update_fn(model, optimizer, rl):
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
         return policy_loss(
             logp, old, batch["advantages"], batch["mask"], loss_type=rl.loss_type,
-            epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
+            epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=batch["beta"] if rl.beta > 0 else 0.0,
             ref_logp=batch.get("ref_logp"), max_completion_length=rl.max_new_tokens,
             kl_estimator=rl.kl_estimator, entropy=entropy,
             num_sequences=batch.get("num_sequences"), num_tokens_global=batch.get("num_tokens"))
@@ -142,6 +205,7 @@ class RLTrainer:
         self.state = create_train_state(init_params, self.optimizer)
         # The frozen reference: a separate copy (the policy's buffers are donated).
         self.ref_params = None
+        self.beta = float(rl.beta)  # the KL coefficient; moves with an adaptive KL target
         if rl.beta > 0:
             src = init_params if ref_params is None else ref_params
             self.ref_params = jax.tree.map(jnp.copy, src)
@@ -166,7 +230,8 @@ class RLTrainer:
         return extra
 
     def save(self, step: int) -> None:
-        self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra())
+        self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra(),
+                       extra_meta={"beta": self.beta})
 
     def restore(self) -> bool:
         """Continues from the newest complete RL checkpoint; False when there is none."""
@@ -175,6 +240,7 @@ class RLTrainer:
             return False
         self.state, meta, extra = restored
         self.data.set_state(meta["data_iterator"])
+        self.beta = float(meta.get("beta", self.rl.beta))
         self.rng = jax.random.wrap_key_data(extra["rng"])
         if self.ref_params is not None:
             self.ref_params = extra["ref_params"]
@@ -194,7 +260,7 @@ class RLTrainer:
                          max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
                          top_p=rl.top_p, top_k=rl.top_k)
         host = jax.device_get({"tokens": out.tokens, "lengths": out.lengths,
-                               "truncated": out.truncated})
+                               "truncated": out.truncated, "sampler_logp": out.logprobs})
         host.update(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid)
         # Train on a length bucket that covers the longest completion, not the whole budget.
         host["length"] = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
@@ -207,7 +273,7 @@ class RLTrainer:
         whose `real` (bool [M]) is False are padding and get an all-zero mask."""
         if rows is None:
             rows = np.arange(len(host["lengths"]))
-        lengths = host["lengths"][rows]
+        lengths = self.train_lengths(host)[rows]
         if real is not None:
             lengths = np.where(real, lengths, 0)
         length, put = host["length"], self.rt.put
@@ -217,6 +283,13 @@ class RLTrainer:
             prompt_valid=put(host["prompt_valid"][prompt_rows]),
             completion_tokens=put(host["tokens"][rows, :length]),
             mask=put((np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)))
+
+    def train_lengths(self, host: Mapping[str, np.ndarray]) -> np.ndarray:
+        """int [N] tokens of each row that the loss sees: 0 for truncated rows when
+        `rl.mask_truncated_completions` (DAPO's overlong filtering), else the length."""
+        if self.rl.mask_truncated_completions:
+            return np.where(host["truncated"], 0, host["lengths"])
+        return host["lengths"]
 
     def sample(self, examples: Sequence[Mapping[str, Any]], rng) -> tuple[Rollout, dict]:
         """`generate`, and the update batch of all its rows."""
@@ -232,27 +305,71 @@ class RLTrainer:
                                    truncated=host["truncated"], max_length=self.rl.max_new_tokens,
                                    group_size=self.rl.num_generations)
 
+    def collect(self, examples, rng) -> tuple[list, dict, BatchRewards, dict[str, float]]:
+        """Samples and scores `examples`; with `rl.dynamic_sampling` (DAPO) keeps drawing
+        batches of prompts until B groups have rewards that are not all equal, or
+        `rl.dynamic_sampling_max_rounds` extra rounds were drawn (the batch is then topped up
+        with zero-variance groups, which add nothing to the loss). Returns the B examples,
+        their host arrays (see `generate`), rewards and the dynamic-sampling metrics."""
+        rl = self.rl
+        host = self.generate(examples, rng)
+        rewards = self.score(examples, host).result()
+        if not rl.dynamic_sampling:
+            return list(examples), host, rewards, {}
+        g, b = rl.num_generations, rl.batch_prompts
+        parts = [(list(examples), host, rewards)]
+        rounds = 0
+
+        def informative():
+            return sum(int((~zero_variance_groups(r.total, g)).sum()) for _, _, r in parts)
+
+        while informative() < b and rounds < rl.dynamic_sampling_max_rounds:
+            rounds += 1
+            more = next(self.data)
+            more_host = self.generate(more, jax.random.fold_in(rng, rounds))
+            parts.append((list(more), more_host, self.score(more, more_host).result()))
+        flat = [(part, k) for part, (_, _, r) in enumerate(parts)
+                for k in np.flatnonzero(~zero_variance_groups(r.total, g))]
+        informative = len(flat)
+        if informative < b:  # the cap was hit: top up with zero-variance groups
+            flat += [(0, k) for k in np.flatnonzero(zero_variance_groups(parts[0][2].total, g))]
+        drawn = sum(len(e) for e, _, _ in parts)
+        metrics = {"dynamic_sampling/extra_rounds": float(rounds),
+                   "dynamic_sampling/zero_variance_groups": float(drawn - informative),
+                   "dynamic_sampling/filled_groups": float(max(0, b - informative))}
+        return (*merge_groups(parts, flat[:b], g, self.rl.train_length_bucket,
+                              self.rl.max_new_tokens), metrics)
+
     def step(self, examples) -> dict[str, float]:
         rl, times = self.rl, {}
         self.rng, sample_rng = jax.random.split(self.rng)
 
         t0 = time.time()
-        host = self.generate(examples, sample_rng)
-        times["time/sample_s"] = time.time() - t0
-
-        # Device work first (asynchronous dispatch), then host scoring while it runs.
-        t0 = time.time()
-        rollout, ref_logp = None, None
-        if self.ref_params is not None:  # every row carries the KL term: no row is skipped
-            rollout = self.rollout(host)
-            ref_logp = self.logprob_fn(self.ref_params, *rollout.scoring_args())
-        rewards = self.score(examples, host).result()
+        if rl.dynamic_sampling:  # rows are only known after scoring: no overlap possible
+            examples, host, rewards, ds_metrics = self.collect(examples, sample_rng)
+            times["time/sample_s"], t0 = time.time() - t0, time.time()
+            rollout = self.rollout(host) if self.ref_params is not None else None
+            ref_logp = (None if rollout is None else
+                        self.logprob_fn(self.ref_params, *rollout.scoring_args()))
+        else:
+            ds_metrics = {}
+            host = self.generate(examples, sample_rng)
+            times["time/sample_s"] = time.time() - t0
+            # Device work first (asynchronous dispatch), then host scoring while it runs.
+            t0 = time.time()
+            rollout, ref_logp = None, None
+            if self.ref_params is not None:  # every row carries the KL term: none skipped
+                rollout = self.rollout(host)
+                ref_logp = self.logprob_fn(self.ref_params, *rollout.scoring_args())
+            rewards = self.score(examples, host).result()
         times["time/score_s"] = time.time() - t0
 
         t0 = time.time()
         advantages = np.asarray(jax.device_get(group_advantages(
             jnp.asarray(rewards.total), rl.num_generations, estimator=rl.advantage_estimator,
             scale=rl.advantage_scale)), np.float32)
+        train_lengths = self.train_lengths(host)
+        advantages = np.where(train_lengths > 0, advantages, 0.0).astype(np.float32)
         num_rows = train_rows = len(advantages)
         if self.skip_rows:
             rows, real = select_train_rows(advantages, rl.train_row_buckets,
@@ -265,7 +382,8 @@ class RLTrainer:
         batch = {**vars(rollout), "advantages": self.rt.put(advantages),
                  # Whole-batch normalizers: a subset of rows gives the whole batch's loss.
                  "num_sequences": np.float32(num_rows),
-                 "num_tokens": np.float32(np.sum(host["lengths"]))}
+                 "num_tokens": np.float32(max(1, np.sum(train_lengths))),
+                 "beta": np.float32(self.beta)}
         if ref_logp is not None:
             batch["ref_logp"] = ref_logp
         if rl.num_iterations > 1:
@@ -273,9 +391,22 @@ class RLTrainer:
         for _ in range(rl.num_iterations):
             self.state, metrics = self.update_fn(self.state, batch)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self._after_update(metrics)
         times["time/train_s"] = time.time() - t0
         metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
-        return {**metrics, **self._rollout_metrics(rewards, host), **times}
+        return {**metrics, **self._rollout_metrics(rewards, host), **ds_metrics, **times}
+
+    def _after_update(self, metrics: dict[str, float]) -> None:
+        """Adaptive KL coefficient and reference sync, once per step (host side)."""
+        rl = self.rl
+        step = int(self.state.step) // rl.num_iterations
+        if self.ref_params is not None and rl.kl_target > 0:
+            self.beta = adaptive_kl_beta(self.beta, metrics["kl"], rl.kl_target, rl.kl_horizon,
+                                         rl.batch_prompts * rl.num_generations)
+        metrics["beta"] = self.beta
+        if self.ref_params is not None and rl.ref_sync_every > 0 and step % rl.ref_sync_every == 0:
+            self.ref_params = mix_reference(self.ref_params, self.state.params,
+                                            rl.ref_sync_alpha)
 
     def _rollout_metrics(self, rewards, host) -> dict[str, float]:
         stats = group_stats(jnp.asarray(rewards.total), self.rl.num_generations)

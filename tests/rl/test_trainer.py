@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -21,7 +22,8 @@ from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.base import register_reward
 from jaxrl_reason.rl.advantages import group_advantages
-from jaxrl_reason.rl.trainer import RLTrainer, select_train_rows
+from jaxrl_reason.rl.trainer import (RLTrainer, adaptive_kl_beta, merge_groups, mix_reference,
+                                      select_train_rows, zero_variance_groups)
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.train_state import create_train_state
 
@@ -324,3 +326,82 @@ def test_batch_rewards_see_the_rollout_lengths(make_trainer):
     np.testing.assert_allclose(rewards.total, total, atol=1e-5)
     metrics = trainer.step(examples)
     assert "reward/overlong_dapo" in metrics and "reward/length_kimi" in metrics
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(make_trainer):
+    """DAPO dynamic sampling: every kept group has reward variance (when the cap allows),
+    the merged batch has exactly B groups whose rows match their prompts, and extra rounds
+    and discarded groups are logged."""
+    trainer, _ = make_trainer("--config.rl.dynamic_sampling=True",
+                              "--config.rl.dynamic_sampling_max_rounds=4",
+                              weights={"_test_stop_early": 1.0})
+    rl = trainer.rl
+    examples, host, rewards, m = trainer.collect(next(trainer.data), jax.random.key(0))
+    assert len(examples) == rl.batch_prompts
+    n = rl.batch_prompts * rl.num_generations
+    assert host["tokens"].shape[0] == n and rewards.total.shape == (n,)
+    assert host["prompt_tokens"].shape[0] == rl.batch_prompts
+    zero = zero_variance_groups(rewards.total, rl.num_generations)
+    assert int(zero.sum()) == m["dynamic_sampling/filled_groups"]
+    assert m["dynamic_sampling/extra_rounds"] <= 4
+    # Rows still belong to their prompts: re-scoring the merged batch gives the same rewards.
+    again = trainer.score(examples, host).result()
+    np.testing.assert_array_equal(again.total, rewards.total)
+    metrics = trainer.step(next(trainer.data))
+    assert "dynamic_sampling/zero_variance_groups" in metrics
+
+
+def test_merge_groups_pads_prompts_and_keeps_rows():
+    from jaxrl_reason.rewards.pool import BatchRewards
+    import collections
+
+    def part(tp, base):
+        host = {"tokens": np.arange(4 * 3).reshape(4, 3) + base, "lengths": np.array([1, 2, 3, 3]),
+                "truncated": np.array([0, 0, 0, 1], bool),
+                "sampler_logp": np.zeros((4, 3), np.float32),
+                "prompt_tokens": np.full((2, tp), base), "prompt_valid": np.ones((2, tp), bool)}
+        r = BatchRewards(total=np.array([0, 1, 1, 1], np.float32) + base,
+                         components={"c": np.array([0, 1, 1, 1], np.float32)},
+                         reasons=collections.Counter({"c/wrong": 1}), seconds=0.5)
+        return [{"id": f"{base}-0"}, {"id": f"{base}-1"}], host, r
+
+    ex, host, r = merge_groups([part(2, 0), part(4, 100)], [(1, 0), (0, 0)], 2, 4, 3)
+    assert [e["id"] for e in ex] == ["100-0", "0-0"]
+    np.testing.assert_array_equal(host["tokens"][:2], np.arange(6).reshape(2, 3) + 100)
+    np.testing.assert_array_equal(host["prompt_valid"][1], [False, False, True, True])
+    np.testing.assert_array_equal(r.total, [100, 101, 0, 1])
+    assert r.reasons["c/wrong"] == 2 and host["length"] == 3
+
+
+def test_adaptive_kl_and_reference_mixing():
+    assert adaptive_kl_beta(0.1, kl=0.2, target=0.1, horizon=100, batch_size=10) \
+        == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+    assert adaptive_kl_beta(0.1, kl=0.09, target=0.1, horizon=100, batch_size=10) \
+        == pytest.approx(0.1 * (1 - 0.1 * 10 / 100))
+    ref = {"w": jnp.zeros(3)}
+    mixed = mix_reference(ref, {"w": jnp.ones(3)}, 0.25)
+    np.testing.assert_allclose(mixed["w"], 0.25)
+
+
+def test_truncated_rows_are_masked_out(make_trainer):
+    trainer, _ = make_trainer("--config.rl.mask_truncated_completions=True")
+    host = trainer.generate(next(trainer.data), jax.random.key(1))
+    host["truncated"] = np.arange(len(host["lengths"])) < 3  # a random model rarely stops
+    rollout = trainer.rollout(host)
+    mask = np.asarray(jax.device_get(rollout.mask))
+    assert mask[:3].sum() == 0 and mask[3:].sum() > 0
+
+
+def test_adaptive_kl_and_reference_sync_in_the_loop(make_trainer):
+    """kl_target moves beta by the controller's rule from the logged KL; ref_sync_every=1
+    with alpha=1 makes the reference equal the policy after each step."""
+    trainer, initial = make_trainer(
+        "--config.rl.learning_rate=3e-3", "--config.rl.beta=0.05", "--config.rl.kl_target=1e-6",
+        "--config.rl.kl_horizon=100", "--config.rl.ref_sync_every=1",
+        "--config.rl.ref_sync_alpha=1.0", weights={"_test_text_length": 1.0})
+    m1, m2 = run_steps(trainer, 2)
+    n = trainer.rl.batch_prompts * trainer.rl.num_generations
+    assert m1["beta"] == pytest.approx(adaptive_kl_beta(0.05, m1["kl"], 1e-6, 100, n))
+    assert m2["beta"] == pytest.approx(adaptive_kl_beta(m1["beta"], m2["kl"], 1e-6, 100, n))
+    assert tree_equal(jax.device_get(trainer.ref_params), jax.device_get(trainer.state.params))
+    assert not tree_equal(jax.device_get(trainer.ref_params), initial)
