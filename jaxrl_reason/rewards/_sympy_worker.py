@@ -3,13 +3,23 @@
 Sympy can spin for minutes inside one C-level big-integer operation while holding the GIL
 (`9**9**9**9`), and a thread cannot be interrupted, so every sympy call of the reward code
 runs in a small pool of persistent child processes. A call that overruns its deadline kills
-its worker; the next call starts a fresh one. The client is safe to use from many threads.
+its worker, and a replacement starts at once in the background. The client is safe to use
+from many threads.
 
-Protocol (one JSON object per line): request `{"a": str, "b": str, "eq": bool}` where `a`
-and `b` are sympy-parsable expression strings (with `eq`, each is `lhs - (rhs)` of an
-equation); reply `{"r": true | false}`. The child prints `{"ready": true}` once sympy is
-imported. This file is also the child's program (`python -c <bootstrap> <this file>`); the
-child imports nothing from the package.
+Protocol (one JSON object per line): request `{"a": str, "b": str, "mode": str, "atol": float}`
+where `a` and `b` are sympy-parsable expression strings (`_latex_sympy` output); reply
+`{"r": true | false}`. Modes: "expr" (equal values; a matrix equals a matrix of the same shape
+entrywise), "eq" (`a` and `b` are `lhs - (rhs)` of two equations: equal up to a nonzero
+constant factor), "rel" (same for two inequalities, the factor must be positive). `atol` is
+an extra absolute tolerance for constant expressions (the half-unit of a decimal literal).
+The child prints `{"ready": true}` once sympy is imported. This file is also the child's
+program (`python -c <bootstrap> <this file>`); the child imports nothing from the package.
+
+How the child decides: parse both sides; constants compare exactly when their difference is
+a rational number, else numerically at 30 digits (relative 1e-12, plus `atol`); expressions
+with free symbols are evaluated at a few random positive rational points (agreement at all
+valid points means equal, so `sqrt(x^2)` counts as `x`), and `simplify` is only the fallback
+when no point gives finite values.
 """
 from __future__ import annotations
 
@@ -17,17 +27,18 @@ import atexit
 import cmath
 import json
 import os
-import queue
 import select
 import subprocess
 import sys
 import threading
 import time
 
-# A fresh worker imports sympy (~0.3-1 s); that wait has its own allowance so that the
-# first call of a process is not charged for it.
+# A fresh worker imports sympy (~0.3-2 s). The pool's very first start-up has this
+# allowance beyond the caller's deadline; later (replacement) start-ups do not.
 _STARTUP_TIMEOUT_S = 30.0
-_MAX_WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Idle workers cost memory, not CPU: two more than the cores (at most 4), so that a call
+# stuck until its deadline on a small host does not make the other threads wait for a slot.
+_MAX_WORKERS = min(4, (os.cpu_count() or 1) + 2)
 # Run this file by path without putting its directory (which holds `math.py`) on sys.path.
 _BOOTSTRAP = (
     "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
@@ -37,54 +48,133 @@ _BOOTSTRAP = (
 
 # ----------------------------------------------------------------------------- child side
 
+_REL_TOL = 1e-12
+_GREEK = (
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lamda mu nu "
+    "xi rho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi "
+    "Psi Omega"
+).split()
+_CHILD: dict = {}
 
-def _child_compare(a: str, b: str, eq: bool) -> bool:
-    """True iff the expressions `a` and `b` are equal (with `eq`: proportional, nonzero)."""
+
+def _child_parse(text: str):
+    """Parse one expression string with implicit multiplication; Greek names and single capital
+    letters (but `E`, `I`) are plain symbols rather than sympy functions or constants."""
+    if not _CHILD:
+        import sympy
+        from sympy.parsing.sympy_parser import (
+            convert_xor,
+            implicit_multiplication_application,
+            standard_transformations,
+        )
+
+        local = {"E": sympy.E, "I": sympy.I, "pi": sympy.pi, "oo": sympy.oo}
+        local.update({name: sympy.Symbol(name) for name in _GREEK})
+        local.update({c: sympy.Symbol(c) for c in "ABCDFGHJKLMNOPQRSTUVWXYZ"})
+        namespace: dict = {}
+        exec("from sympy import *", namespace)  # noqa: S102 (no Python builtins such as input())
+        _CHILD["local"], _CHILD["global"] = local, namespace
+        _CHILD["transforms"] = standard_transformations + (
+            implicit_multiplication_application, convert_xor)
+    from sympy.parsing.sympy_parser import parse_expr
+
+    return parse_expr(text, local_dict=dict(_CHILD["local"]), global_dict=dict(_CHILD["global"]),
+                      transformations=_CHILD["transforms"])
+
+
+def _child_compare(a: str, b: str, mode: str = "expr", atol: float = 0.0) -> bool:
+    """The verdict of one request (see the module docstring)."""
+    from sympy.matrices import MatrixBase
+
+    ea, eb = _child_parse(a), _child_parse(b)
+    ma, mb = isinstance(ea, MatrixBase), isinstance(eb, MatrixBase)
+    if ma or mb:
+        if mode != "expr" or not (ma and mb) or ea.shape != eb.shape:
+            return False
+        return all(_scalar_equal(x, y, 0.0) for x, y in zip(ea, eb))
+    if mode == "expr":
+        return _scalar_equal(ea, eb, atol)
+    return _proportional(ea, eb, positive=mode == "rel")
+
+
+def _points(symbols: list, count: int = 6):
+    """Random positive rational assignments of `symbols` (fixed seed)."""
     import random
 
     import sympy
-    from sympy.parsing.sympy_parser import (
-        convert_xor,
-        implicit_multiplication_application,
-        parse_expr,
-        standard_transformations,
-    )
 
-    transforms = standard_transformations + (implicit_multiplication_application, convert_xor)
-    local = {"E": sympy.E, "I": sympy.I, "pi": sympy.pi, "oo": sympy.oo}
-    ea = parse_expr(a, local_dict=local, transformations=transforms)
-    eb = parse_expr(b, local_dict=local, transformations=transforms)
-    if eq:
-        if ea == 0 or eb == 0:
-            return bool(sympy.simplify(ea) == 0 and sympy.simplify(eb) == 0)
-        ratio = sympy.simplify(ea / eb)
-        return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
+    rng = random.Random(0)
+    for _ in range(count):
+        yield {s: sympy.Rational(rng.randint(1, 97), rng.randint(1, 13)) for s in symbols}
+
+
+def _value(expr, point) -> complex | None:
+    """`expr` at `point` as a finite complex number, else None."""
+    try:
+        value = complex(expr.evalf(30, subs=point) if point else expr.evalf(30))
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError, AttributeError):
+        return None
+    return value if cmath.isfinite(value) else None
+
+
+def _scalar_equal(ea, eb, atol: float) -> bool:
+    import sympy
+
+    if not isinstance(ea, sympy.Expr) or not isinstance(eb, sympy.Expr):
+        return bool(ea == eb)
     if ea == eb:
-        return True
-    diff = ea - eb
-    if diff == 0:
         return True
     symbols = sorted(ea.free_symbols | eb.free_symbols, key=str)
     if not symbols:
-        if ea.has(sympy.oo, -sympy.oo, sympy.zoo) or eb.has(sympy.oo, -sympy.oo, sympy.zoo):
-            return bool(sympy.simplify(diff) == 0)
-        return _close(complex(sympy.N(ea, 30)), complex(sympy.N(eb, 30)))
-    if sympy.simplify(diff) == 0:
-        return True
-    rng = random.Random(0)
-    for _ in range(3):
-        point = {s: sympy.Rational(rng.randint(1, 97), rng.randint(1, 13)) for s in symbols}
-        va, vb = complex(sympy.N(ea.subs(point), 30)), complex(sympy.N(eb.subs(point), 30))
-        if not _close(va, vb):
+        if any(e.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) for e in (ea, eb)):
             return False
-    return True
+        diff = ea - eb
+        if diff == 0:
+            return True
+        if diff.is_Rational and not atol:
+            return False
+        va, vb = _value(ea, None), _value(eb, None)
+        return va is not None and vb is not None and _close(va, vb, atol)
+    valid = 0
+    for point in _points(symbols):
+        va, vb = _value(ea, point), _value(eb, point)
+        if va is None or vb is None:
+            continue
+        if not _close(va, vb, 0.0):
+            return False
+        valid += 1
+    return valid >= 2 or bool(sympy.simplify(ea - eb) == 0)
 
 
-def _close(va: complex, vb: complex) -> bool:
-    """Finite and equal to about nine significant digits."""
+def _proportional(ea, eb, positive: bool) -> bool:
+    """Whether `ea = c * eb` for a constant c != 0 (c > 0 with `positive`)."""
+    import sympy
+
+    symbols = sorted(ea.free_symbols | eb.free_symbols, key=str)
+    ratios = []
+    for point in _points(symbols) if symbols else [None]:
+        va, vb = _value(ea, point), _value(eb, point)
+        if va is None or vb is None:
+            continue
+        if abs(vb) < 1e-25 or abs(va) < 1e-25:
+            if abs(vb) < 1e-25 and abs(va) < 1e-25:
+                continue
+            return False
+        ratios.append(va / vb)
+    if not ratios:
+        both_zero = sympy.simplify(ea) == 0 and sympy.simplify(eb) == 0
+        return bool(both_zero and not positive)
+    r0 = ratios[0]
+    if positive and not (abs(r0.imag) <= 1e-12 * abs(r0) and r0.real > 0):
+        return False
+    return all(_close(r, r0, 0.0) for r in ratios)
+
+
+def _close(va: complex, vb: complex, atol: float) -> bool:
+    """Finite and equal to about twelve significant digits, or within `atol`."""
     if not (cmath.isfinite(va) and cmath.isfinite(vb)):
         return False
-    return abs(va - vb) <= 1e-9 * max(1.0, abs(va), abs(vb))
+    return abs(va - vb) <= atol + _REL_TOL * max(abs(va), abs(vb)) + 1e-20
 
 
 def _child_main() -> None:
@@ -97,7 +187,8 @@ def _child_main() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            result = _child_compare(str(req["a"]), str(req["b"]), bool(req.get("eq")))
+            mode, atol = str(req.get("mode", "expr")), float(req.get("atol", 0))
+            result = _child_compare(str(req["a"]), str(req["b"]), mode, atol)
         except Exception:  # any parse/simplify failure means "not shown equal"
             result = False
         out.write(json.dumps({"r": bool(result)}) + "\n")
@@ -112,7 +203,7 @@ if __name__ == "__jaxrl_sympy_worker__":
 
 
 class _Worker:
-    """One child process and its line buffer."""
+    """One child process and its line buffer; `ready` once it has announced itself."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -124,13 +215,25 @@ class _Worker:
         self._buf = b""
         self.ready = False
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, deadline: float) -> bool:
+        """Whether the child is (or becomes, before `deadline`) ready to serve."""
+        if not self.ready:
+            line = self.read_line(deadline)
+            try:
+                self.ready = line is not None and bool(json.loads(line).get("ready"))
+            except ValueError:
+                self.ready = False
+        return self.ready
+
     def read_line(self, deadline: float) -> bytes | None:
-        """The next line from the child, or None at the deadline or on EOF."""
+        """The next line from the child, or None at the deadline or on EOF (a past deadline
+        still reads what has already arrived)."""
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
+            remaining = max(0.0, deadline - time.monotonic())
             readable, _, _ = select.select([fd], [], [], remaining)
             if not readable:
                 return None
@@ -156,19 +259,30 @@ class _Worker:
 
 
 class SympyPool:
-    """A bounded set of sympy worker processes shared by all threads."""
+    """A bounded set of sympy worker processes shared by all threads.
+
+    At most `max_workers` children exist at a time. A child killed at a deadline is replaced
+    at once by a fresh one that starts up in the background; callers prefer ready children
+    and wait for a starting one only within their own deadline (only the pool's very first
+    start-up is allowed `_STARTUP_TIMEOUT_S` beyond it).
+    """
 
     def __init__(self, max_workers: int = _MAX_WORKERS) -> None:
-        self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
+        self.max_workers = max_workers
+        self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_workers)
         self._all: set[_Worker] = set()
+        self._closed = False
+        self._served = False  # whether any worker has been ready yet
 
-    def compare(self, a: str, b: str, eq: bool, timeout_s: float) -> bool | None:
-        """Compare two expression strings in a worker.
+    def compare(
+        self, a: str, b: str, mode: str = "expr", atol: float = 0.0, timeout_s: float = 5.0
+    ) -> bool | None:
+        """Compare two expression strings in a worker (modes: see the module docstring).
 
-        Returns True/False, or None when the deadline (`timeout_s` of wall time, plus a
-        one-time allowance for starting a worker) passed first; the worker is then killed.
+        Returns True/False, or None when the deadline (`timeout_s` of wall time) passed
+        first; a worker still computing is then killed and replaced.
         """
         deadline = time.monotonic() + timeout_s
         if not self._slots.acquire(timeout=max(0.0, timeout_s)):
@@ -178,52 +292,96 @@ class SympyPool:
             worker = self._checkout(deadline)
             if worker is None:
                 return None
-            worker.proc.stdin.write((json.dumps({"a": a, "b": b, "eq": eq}) + "\n").encode())
+            request = {"a": a, "b": b, "mode": mode, "atol": float(atol)}
+            worker.proc.stdin.write((json.dumps(request) + "\n").encode())
             worker.proc.stdin.flush()
             line = worker.read_line(deadline)
             if line is None:
-                self._discard(worker)
+                self._discard(worker, replace=True)
                 worker = None
                 return None
-            self._idle.put(worker)
+            self._checkin(worker)
             worker = None
             return bool(json.loads(line)["r"])
         except Exception:
             if worker is not None:
-                self._discard(worker)
+                self._discard(worker, replace=True)
             return None
         finally:
             self._slots.release()
 
-    def _checkout(self, deadline: float) -> _Worker | None:
-        """An idle live worker, or a newly started one once it reports ready."""
-        while True:
-            try:
-                worker = self._idle.get_nowait()
-            except queue.Empty:
-                break
-            if worker.proc.poll() is None:
-                return worker
-            self._discard(worker)
+    def warm(self, timeout_s: float = _STARTUP_TIMEOUT_S) -> int:
+        """Start `max_workers` children and wait until they are ready (or `timeout_s`).
+        Returns the number of ready workers."""
+        with self._lock:
+            missing = self.max_workers - len(self._all)
+        for _ in range(max(0, missing)):
+            self._spawn()
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            workers = list(self._idle)
+        ready = sum(w.wait_ready(deadline) for w in workers)
+        with self._lock:
+            self._served |= ready > 0
+        return ready
+
+    def _spawn(self) -> None:
         worker = _Worker()
         with self._lock:
-            self._all.add(worker)
-        line = worker.read_line(max(deadline, time.monotonic() + _STARTUP_TIMEOUT_S))
-        if line is None or not json.loads(line).get("ready"):
-            self._discard(worker)
+            if not self._closed:
+                self._all.add(worker)
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def _checkin(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+    def _checkout(self, deadline: float) -> _Worker | None:
+        """A ready idle worker, else a starting one (waited for until the deadline), else a
+        new one."""
+        with self._lock:
+            dead = [w for w in self._idle if not w.alive()]
+            self._idle = [w for w in self._idle if w.alive()]
+            for w in self._idle:  # children that announced themselves since the last look
+                w.ready or w.wait_ready(0.0)
+            ready = [w for w in self._idle if w.ready]
+            worker = (ready or self._idle or [None])[-1]
+            if worker is not None:
+                self._idle.remove(worker)
+            free_start = not self._served
+        for w in dead:
+            self._discard(w)
+        if worker is None:
+            worker = _Worker()
+            with self._lock:
+                self._all.add(worker)
+        startup = max(deadline, time.monotonic() + _STARTUP_TIMEOUT_S) if free_start else deadline
+        if not worker.wait_ready(startup):
+            if worker.alive():
+                self._checkin(worker)  # still starting: the next caller may use it
+            else:
+                self._discard(worker)
             return None
+        with self._lock:
+            self._served = True
         return worker
 
-    def _discard(self, worker: _Worker) -> None:
+    def _discard(self, worker: _Worker, replace: bool = False) -> None:
         worker.kill()
         with self._lock:
             self._all.discard(worker)
+        if replace:
+            self._spawn()
 
     def shutdown(self) -> None:
-        """Kill every worker (idle or busy)."""
+        """Kill every worker (idle, starting or busy)."""
         with self._lock:
+            self._closed = True
             workers = list(self._all)
             self._all.clear()
+            self._idle.clear()
         for worker in workers:
             worker.kill()
 

@@ -1,0 +1,219 @@
+r"""Throughput and latency of the `correctness` verifier inside `RewardPool`.
+
+    python benchmarks/verifiers.py                      # ~30 s on 2 cores
+    python benchmarks/verifiers.py --workers 1 2 4 --clean 1024 --json out.json
+
+Builds a fixed-seed set of realistic math completions (R1-style `<think>...</think>
+<answer>...</answer>` or a `\boxed{}` ending after a few hundred to a few thousand characters
+of reasoning) with gold answers: integers and GSM8K `#### N` keys, fractions, decimals,
+percentages, LaTeX expressions that need sympy, sets, intervals, tuples, matrices and
+equations, about half of them wrong. Then, for each thread count W:
+
+  * answers/second of `RewardPool({"correctness": 1.0}, num_workers=W)` on the clean set
+    (median of `--repeats` batches);
+  * p50/p99 latency of one `correctness` call (a timing wrapper registered as another reward);
+  * the wall time of a 256-item batch of which 5% are adversarial (power towers, a
+    million-character completion, 10^4 nested braces, `(10^{9999})^{9999}`, which passes
+    the static guards and is cut at the deadline).
+
+Sympy worker start-up is measured first (cold) and reported on its own line. The verdicts
+are checked against the known labels, so a regression in correctness also shows up here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (gold answer key, spellings a model might give that are correct, wrong spellings)
+_CASES = [
+    ("72", ["72", "72.0", "\\$72", "72 clips"], ["71", "720"]),
+    ("#### 1,200", ["1200", "1,200", "\\$1{,}200"], ["120", "1210"]),
+    ("18", ["18", "\\text{18 dollars}"], ["16"]),
+    ("\\frac{3}{4}", ["\\dfrac{3}{4}", "0.75", "3/4", "\\frac34"], ["\\frac{4}{3}", "0.7"]),
+    ("-\\frac{1}{2}", ["-0.5", "-\\tfrac12", "\\frac{-1}{2}"], ["\\frac12"]),
+    ("2\\frac{1}{2}", ["2.5", "\\frac{5}{2}"], ["1"]),
+    ("12.5\\%", ["12.5\\%", "0.125", "\\frac18"], ["1.25"]),
+    ("1.5\\times10^{3}", ["1500", "1.5e3"], ["150"]),
+    ("90^\\circ", ["90", "90^{\\circ}"], ["\\frac{\\pi}{2}", "45^\\circ"]),
+    ("2\\sqrt{3}", ["\\sqrt{12}", "2 \\sqrt 3"], ["3\\sqrt{2}", "3.46"]),
+    ("\\frac{\\sqrt{2}}{2}", ["\\frac{1}{\\sqrt{2}}", "\\sqrt{\\frac12}"], ["\\sqrt{2}"]),
+    ("\\frac{\\pi}{3}", ["\\frac{1}{3}\\pi", "\\pi/3"], ["\\frac{\\pi}{6}"]),
+    ("x^2+2x+1", ["(x+1)^2", "x^2 + 2x + 1"], ["(x-1)^2", "x^2+1"]),
+    ("a^2+2ab+b^2", ["(a+b)^2"], ["(a-b)^2"]),
+    ("\\frac{x+2}{7}", ["\\frac{x}{7}+\\frac{2}{7}"], ["\\frac{x+2}{8}"]),
+    ("y = 2x + 1", ["2x+1", "y=1+2x"], ["2x-1"]),
+    ("3x+4y=20", ["y=-\\frac{3}{4}x+5", "6x+8y=40"], ["3x+4y=21"]),
+    ("\\{1, 2, 3\\}", ["\\{3,1,2\\}", "1, 2, 3", "3,2,1"], ["\\{1,2\\}", "1,2,4"]),
+    ("1 \\pm \\sqrt{5}", ["1+\\sqrt{5}, 1-\\sqrt{5}"], ["1+\\sqrt{5}"]),
+    ("(-\\infty, 3]", ["x \\le 3", "(-\\infty,3]"], ["(-\\infty, 3)", "x<3"]),
+    ("[2, 5)", ["x \\in [2,5)", "2 \\le x < 5"], ["[2,5]", "(2,5)"]),
+    ("(-\\infty,1)\\cup(2,\\infty)", ["x<1 \\text{ or } x>2", "(2,\\infty)\\cup(-\\infty,1)"],
+     ["(-\\infty,1]\\cup(2,\\infty)"]),
+    ("(3, \\frac{\\pi}{2})", ["\\left( 3, \\frac{\\pi}{2} \\right)"], ["(\\frac{\\pi}{2}, 3)"]),
+    (r"\begin{pmatrix} 1 \\ -2 \end{pmatrix}", ["(1,-2)", r"\begin{bmatrix}1\\-2\end{bmatrix}"],
+     ["(-2,1)"]),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+     ["\\left[\\begin{array}{cc}1 & 2 \\\\ 3 & 4\\end{array}\\right]"],
+     ["\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}"]),
+    ("\\text{(C)}", ["C", "(C)", "\\textbf{(C)}"], ["B"]),
+    ("\\text{odd}", ["odd", "\\text{Odd}"], ["even"]),
+    ("\\infty", ["\\infty"], ["-\\infty"]),
+    ("\\frac{1}{3}", ["0.333333", "\\dfrac{1}{3}"], ["0.33"]),
+    ("e^{i\\pi}", ["-1"], ["1"]),
+]
+
+_ADVERSARIAL = [
+    "\\boxed{9^{9^{9^{9}}}}",
+    "x" * 10**6 + "\\boxed{5}",
+    "\\boxed{" + "{" * 10**4 + "1" + "}" * 10**4 + "}",
+    "<answer>(10^{9999})^{9999}</answer>",  # passes the static guards; killed at 2 s
+    "\\boxed{" * 20_000,
+    "<answer>\\binom{1000000}{500000}</answer>",
+    "\\boxed{1000000!}",
+    "the answer is " * 20_000,
+]
+
+_FILLER = [
+    "First, compute ${a} \\times {b} = {c}$.",
+    "Let $x$ be the unknown, so $x + {a} = {c}$ gives $x = {d}$.",
+    "We check: \\[ \\frac{{{a}}}{{{b}}} + {a} = \\frac{{{e}}}{{{b}}}. \\]",
+    "Wait, that is not right; recompute {a} + {b} = {f}.",
+    "So the remaining amount is {c} - {a} = {g}.",
+    "Hmm, let me double-check the arithmetic with a table of values.",
+]
+
+
+def _reasoning(rng: random.Random) -> str:
+    parts = []
+    for _ in range(rng.randint(4, 40)):
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        parts.append(rng.choice(_FILLER).format(a=a, b=b, c=a * b, d=a * b - a, e=a * b + a,
+                                                f=a + b, g=a * b - a))
+    return " ".join(parts)
+
+
+def _completion(rng: random.Random, answer: str) -> str:
+    reasoning = _reasoning(rng)
+    style = rng.random()
+    if style < 0.5:
+        return f"<think>\n{reasoning}\n</think>\n<answer>{answer}</answer>"
+    if style < 0.9:
+        return f"{reasoning}\n\nTherefore, the final answer is $\\boxed{{{answer}}}$."
+    return f"<think>{reasoning}</think>\nThe answer is \\({answer}\\)."
+
+
+def build_items(n: int, adversarial_frac: float, seed: int) -> list[tuple[str, dict, bool | None]]:
+    """(completion, example, expected) triples; expected is None for adversarial items."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        if adversarial_frac and i % round(1 / adversarial_frac) == 0:
+            text = _ADVERSARIAL[(i // 20) % len(_ADVERSARIAL)]
+            items.append((text, {"prompt": "", "answer": "5"}, None))
+            continue
+        gold, right, wrong = rng.choice(_CASES)
+        correct = rng.random() < 0.5
+        pred = rng.choice(right if correct else wrong)
+        items.append((_completion(rng, pred), {"prompt": "", "answer": gold}, correct))
+    return items
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--clean", type=int, default=1024, help="items in the clean batch")
+    parser.add_argument("--repeats", type=int, default=3, help="clean batches per W (median)")
+    parser.add_argument("--adversarial-batch", type=int, default=256)
+    parser.add_argument("--adversarial-frac", type=float, default=0.05)
+    parser.add_argument("--pool-timeout", type=float, default=60.0, help="RewardPool timeout_s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    from jaxrl_reason.rewards import RewardPool, get_reward, register_reward
+    from jaxrl_reason.rewards._sympy_worker import get_pool
+    import_s = time.perf_counter() - start
+    start = time.perf_counter()
+    sympy_workers = get_pool().warm()
+    startup_s = time.perf_counter() - start
+
+    correctness, latencies, lock = get_reward("correctness"), [], threading.Lock()
+
+    @register_reward("correctness_timed", overwrite=True)
+    def correctness_timed(completion, example):
+        t0 = time.perf_counter()
+        out = correctness(completion, example)
+        with lock:
+            latencies.append(time.perf_counter() - t0)
+        return out
+
+    clean = build_items(args.clean, 0.0, args.seed)
+    hostile = build_items(args.adversarial_batch, args.adversarial_frac, args.seed + 1)
+    rows = []
+    for workers in args.workers:
+        with RewardPool({"correctness_timed": 1.0}, num_workers=workers,
+                        timeout_s=args.pool_timeout) as pool:
+            pool.score([c for c, _, _ in clean[:32]], [e for _, e, _ in clean[:32]])  # warm-up
+            latencies.clear()
+            rates = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                result = pool.score([c for c, _, _ in clean], [e for _, e, _ in clean])
+                rates.append(len(clean) / (time.perf_counter() - t0))
+            clean_lat = list(latencies)
+            scores = result.components["correctness_timed"]
+            mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in zip(scores, clean))
+            t0 = time.perf_counter()
+            bad = pool.score([c for c, _, _ in hostile], [e for _, e, _ in hostile])
+            hostile_s = time.perf_counter() - t0
+            bad_scores = bad.components["correctness_timed"]
+            bad_mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in
+                                  zip(bad_scores, hostile) if want is not None)
+        rows.append({
+            "workers": workers,
+            "answers_per_s": statistics.median(rates),
+            "p50_ms": 1e3 * statistics.median(clean_lat),
+            "p99_ms": 1e3 * _percentile(clean_lat, 0.99),
+            "mislabelled": mislabelled,
+            "adversarial_batch_s": hostile_s,
+            "adversarial_reasons": dict(bad.reasons),
+            "adversarial_mislabelled": bad_mislabelled,
+        })
+
+    n_bad = sum(want is None for _, _, want in hostile)
+    print(f"import {import_s:.2f} s; sympy start-up (cold, {sympy_workers} workers) "
+          f"{startup_s:.2f} s")
+    print(f"clean batch: {len(clean)} items x {args.repeats}; adversarial batch: "
+          f"{len(hostile)} items, {n_bad} adversarial\n")
+    print(f"| threads W | answers/s | p50 ms | p99 ms | wrong verdicts | {len(hostile)}-batch "
+          f"w/ {n_bad} adversarial (s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['workers']} | {r['answers_per_s']:.0f} | {r['p50_ms']:.1f} "
+              f"| {r['p99_ms']:.1f} | {r['mislabelled']} + {r['adversarial_mislabelled']} "
+              f"| {r['adversarial_batch_s']:.2f} |")
+    for r in rows:
+        print(f"W={r['workers']} adversarial-batch reasons: {r['adversarial_reasons']}")
+    out = {"import_s": import_s, "sympy_startup_s": startup_s, "sympy_workers": sympy_workers,
+           "clean_items": len(clean), "adversarial_items": n_bad, "rows": rows}
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
