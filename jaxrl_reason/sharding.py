@@ -104,6 +104,10 @@ def logical_to_spec(logical: Sequence[str | None], rules: Iterable[tuple[str, An
                 axes = ()
         used.update(axes)
         out.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+    # Canonical form, as jit returns it: P("fsdp", None) is P("fsdp") and P(None) is P().
+    # A donated update's outputs then match its inputs, so it compiles once, not twice.
+    while out and out[-1] is None:
+        out.pop()
     return P(*out)
 
 

@@ -47,9 +47,26 @@ def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float
 
 
 def create_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
-    """A TrainState at step 0 whose optimizer state is laid out like `params`."""
+    """A TrainState at step 0 whose optimizer state is laid out like `params`.
+
+    Leaves that are not laid out on the params' mesh (the step counter, optax's counts) are
+    placed on it replicated: a donated update returns them that way, and inputs laid out
+    differently on the first call would make every update function compile twice.
+    """
     opt_state = jax.jit(optimizer.init)(params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None) if params else None
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return state
+    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+
+    def on_mesh(x):
+        if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding):
+            return x
+        return jax.device_put(x, replicated)
+
+    return TrainState(step=on_mesh(state.step), params=params,
+                      opt_state=jax.tree.map(on_mesh, opt_state))
 
 
 def apply_gradients(state: TrainState, grads: Any,

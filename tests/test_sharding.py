@@ -72,12 +72,12 @@ def test_make_mesh_with_explicit_devices():
 def test_logical_to_spec_follows_rules_without_a_mesh():
     assert shd.logical_to_spec(("vocab", "embed"), RULES) == P("tensor", "fsdp")
     assert shd.logical_to_spec(("embed", "mlp"), RULES) == P("fsdp", "tensor")
-    assert shd.logical_to_spec((None, "head_dim", "unlisted"), RULES) == P(None, None, None)
+    # Canonical specs: trailing replicated dimensions are left out (as jit returns them).
+    assert shd.logical_to_spec((None, "head_dim", "unlisted"), RULES) == P()
     # A mesh axis is used at most once per array: batch takes data+fsdp, embed gets nothing.
-    assert shd.logical_to_spec(("batch", "length", "embed"), RULES) == P(("data", "fsdp"),
-                                                                         None, None)
+    assert shd.logical_to_spec(("batch", "length", "embed"), RULES) == P(("data", "fsdp"))
     custom = (("embed", ("fsdp", "tensor")), ("mlp", "tensor"))
-    assert shd.logical_to_spec(("embed", "mlp"), custom) == P(("fsdp", "tensor"), None)
+    assert shd.logical_to_spec(("embed", "mlp"), custom) == P(("fsdp", "tensor"))
     assert shd.logical_to_spec(("mlp", "embed"), custom) == P("tensor", "fsdp")
 
 
@@ -86,13 +86,13 @@ def test_logical_to_spec_with_mesh_drops_trivial_and_non_dividing_axes():
     spec = lambda names, shape: shd.logical_to_spec(names, RULES, shape, mesh)  # noqa: E731
     assert spec(("vocab", "embed"), (128, 64)) == P("tensor", "fsdp")
     assert spec(("vocab", "embed"), (127, 64)) == P(None, "fsdp")  # 127 % 2: replicated
-    assert spec(("batch", "length"), (8, 5)) == P(("data", "fsdp"), None)
-    assert spec(("batch", "length"), (6, 5)) == P(None, None)  # 6 % 4: replicated
+    assert spec(("batch", "length"), (8, 5)) == P(("data", "fsdp"))
+    assert spec(("batch", "length"), (6, 5)) == P()  # 6 % 4: replicated
     # A replicated dimension does not use up its axes.
     assert spec(("kv_heads", "mlp"), (3, 4)) == P(None, "tensor")
     data_only = shd.make_mesh({"data": 8})
-    assert shd.logical_to_spec(("batch", "embed"), RULES, (16, 64), data_only) == P("data", None)
-    assert shd.logical_to_spec(("vocab", "embed"), RULES, (128, 64), data_only) == P(None, None)
+    assert shd.logical_to_spec(("batch", "embed"), RULES, (16, 64), data_only) == P("data")
+    assert shd.logical_to_spec(("vocab", "embed"), RULES, (128, 64), data_only) == P()
 
 
 def test_tree_shardings_and_batch_sharding():
@@ -101,8 +101,8 @@ def test_tree_shardings_and_batch_sharding():
     shapes = {"w": jax.ShapeDtypeStruct((64, 6), np.float32),
               "b": jax.ShapeDtypeStruct((5,), np.float32)}
     out = shd.tree_shardings(mesh, logical, shapes, RULES)
-    assert out["w"].spec == P("fsdp", "tensor") and out["b"].spec == P(None)
-    assert shd.batch_sharding(mesh, RULES, 3, 8).spec == P(("data", "fsdp"), None, None)
+    assert out["w"].spec == P("fsdp", "tensor") and out["b"].spec == P()
+    assert shd.batch_sharding(mesh, RULES, 3, 8).spec == P(("data", "fsdp"))
     assert shd.data_parallel_size(mesh, RULES) == 4
     assert shd.replicated(mesh).spec == P()
 
@@ -128,7 +128,7 @@ def test_init_params_on_a_2x2x2_mesh_follows_the_rules():
     # vocab=129 does not split over tensor=2, so it is replicated; embed=64 splits over fsdp.
     assert tuple(params["embedding"].sharding.spec) == (None, "fsdp")
     assert params["embedding"].addressable_shards[0].data.shape == (129, 32)
-    assert tuple(params["lm_head"].sharding.spec) == ("fsdp", None)
+    assert tuple(params["lm_head"].sharding.spec) == ("fsdp",)
     q_kernel = params["layer_0"]["attn"]["q_proj"]["kernel"]  # embed, heads, head_dim
     assert q_kernel.addressable_shards[0].data.shape == (32, 2, 16)
 
@@ -138,10 +138,30 @@ def test_put_batch_splits_rows_or_fails_clearly():
     batch = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
     placed = shd.put_batch(mesh, RULES, batch)
     np.testing.assert_array_equal(np.asarray(placed), batch)
-    assert placed.sharding.spec == P(("data", "fsdp"), None)
+    assert placed.sharding.spec == P(("data", "fsdp"))
     assert placed.addressable_shards[0].data.shape == (2, 3)
     with pytest.raises(ValueError, match="batch of 6 rows does not split over the 4"):
         shd.put_batch(mesh, RULES, batch[:6])
     one_device = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
     np.testing.assert_array_equal(np.asarray(shd.put_batch(one_device, RULES, batch[:5])),
                                   batch[:5])
+
+
+def test_a_donated_update_compiles_once():
+    """Params' specs are canonical (no trailing None) and the state's scalars live on the
+    mesh, so the state an update returns has the layout it was given: one compile."""
+    import jax.numpy as jnp
+
+    from jaxrl_reason.models.config import get_preset
+    from jaxrl_reason.models.params import init_params
+    from jaxrl_reason.train_state import apply_gradients, create_train_state, make_optimizer
+
+    mesh = shd.make_mesh({"data": -1})
+    params = init_params(get_preset("test"), jax.random.key(0), mesh, shd.DEFAULT_RULES)
+    opt = make_optimizer(1e-3, weight_decay=0.0, max_grad_norm=1.0)
+    state = create_train_state(params, opt)
+    update = jax.jit(lambda s: apply_gradients(s, jax.tree.map(jnp.ones_like, s.params), opt)[0],
+                     donate_argnums=0)
+    for _ in range(3):
+        state = update(state)
+    assert update._cache_size() == 1
