@@ -1,12 +1,23 @@
-"""Clipped token-level policy-gradient loss with a KL penalty and an entropy bonus (jnp reference).
+"""Policy-gradient loss with a KL penalty, an entropy bonus and a sampler-mismatch correction
+(jnp reference).
 
 Per completion token ``t`` of sequence ``b`` (``A_b`` is the sequence's advantage):
 
-    ratio    = exp(logp - old_logp)
-    pg       = -min(ratio * A_b, clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * A_b)
+    pg       = POLICY_LOSS_MODES[policy_loss_mode](logp, old_logp, A)   (see loss_modes.py)
+    pg       = w_t * pg                        (only with sampler_logp and tis_cap, see below)
     per_tok  = pg + beta * kl(logp, ref_logp) - entropy_coef * entropy
 
-and the per-token values are reduced to a scalar by ``loss_type`` (registry
+The default mode ``"ppo"`` is the token-level clipped surrogate with asymmetric epsilons,
+
+    ratio    = exp(logp - old_logp)
+    pg       = -min(ratio * A_b, clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * A_b)
+
+optionally dual-clipped (``clip_ratio_c``, Ye et al. 2020); ``"gspo"`` (Zheng et al. 2025)
+uses the length-normalized sequence ratio and ``"cispo"`` (MiniMax-M1, 2025) REINFORCE with a
+clipped stop-gradient token weight. The formulas, and where they depart from the papers, are in
+``loss_modes.py``.
+
+The per-token values are reduced to a scalar by ``loss_type`` (registry
 ``LOSS_AGGREGATIONS``), with the meanings users know from TRL:
 
 - ``"grpo"``:    mean over each sequence's masked tokens, then mean over the ``B`` sequences
@@ -26,11 +37,29 @@ rows whose advantage is 0) passes the whole batch's counts and gets the whole ba
 KL estimators (registry ``KL_ESTIMATORS``, per token, ``d = ref_logp - logp``):
 ``"k1"``: ``-d``; ``"k2"``: ``d**2 / 2``; ``"k3"``: ``exp(d) - d - 1`` (Schulman's unbiased,
 non-negative estimator of KL(pi || pi_ref); TRL's and DeepSeekMath's choice; not clamped).
+KL in the reward instead of the loss (InstructGPT / verl ``use_kl_in_reward``):
+``kl_reward_penalty`` gives ``beta * sum_t kl_t`` per sequence, to subtract from the rewards
+before the advantages; the in-loss KL must then be off (``beta=0`` here) or it counts twice.
 
-Gradients: ``old_logp``, ``ref_logp`` and ``advantages`` are constants (``stop_gradient``);
-gradients flow to ``logp`` and to ``entropy``. Token values at masked-out positions are replaced
-by 0 before any arithmetic, so padding holding ``-inf``/NaN log-probs gives neither a NaN loss
-nor a NaN gradient. All math is float32 whatever the input dtype.
+Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+brings you off-policy RL training"): the sampler (e.g. a fast inference engine, other kernels
+or precision) and the trainer give different log-probs for the same policy, so the rollouts
+are off-policy. With ``sampler_logp`` (the sampler's log-probs of the sampled tokens) and
+``tis_cap = C`` the per-token policy-gradient term is multiplied by the constant
+
+    w_t = min(exp(old_logp - sampler_logp), C)
+
+in every mode (the paper derives it for the token-level PPO term; for "gspo" we weight each
+token, not the sequence). Metrics: "sampler_kl", the masked token mean of the k3 estimate
+``exp(d) - d - 1`` with ``d = old_logp - sampler_logp`` (an unbiased, non-negative estimate of
+KL(sampler || old policy), as the tokens are drawn from the sampler), "tis_weight_mean" (mean
+``w_t``; the uncapped ratio when ``tis_cap`` is None) and "tis_clip_frac" (tokens whose ratio
+exceeds the cap; 0 without a cap). ``sampler_logp`` without ``tis_cap`` only reports them.
+
+Gradients: ``old_logp``, ``ref_logp``, ``sampler_logp`` and ``advantages`` are constants
+(``stop_gradient``); gradients flow to ``logp`` and to ``entropy``. Token values at masked-out
+positions are replaced by 0 before any arithmetic, so padding holding ``-inf``/NaN log-probs
+gives neither a NaN loss nor a NaN gradient. All math is float32 whatever the input dtype.
 
 Deviation from TRL: TRL's "dapo" normalizer is ``num_items_in_batch / num_processes`` because
 DDP averages gradients over processes; here arrays are global (or the caller sums), so the
@@ -44,13 +73,17 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxrl_reason.rl.loss_modes import MODES_WITH_DUAL_CLIP, POLICY_LOSS_MODES, masked_mean
+
 Array = jnp.ndarray
 
 __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSS_MODES",
     "aggregate_loss",
     "kl_penalty",
+    "kl_reward_penalty",
     "policy_loss",
 ]
 
@@ -102,6 +135,44 @@ def kl_penalty(logp: Array, ref_logp: Array, *, estimator: str = "k3") -> Array:
     return KL_ESTIMATORS[estimator](
         jnp.asarray(logp, jnp.float32), jnp.asarray(ref_logp, jnp.float32)
     )
+
+
+def kl_reward_penalty(logp: Array, ref_logp: Array, mask: Array, *, beta: float | Array,
+                      estimator: str = "k1") -> Array:
+    """Per-sequence KL penalty for the reward: ``beta * sum_t mask * kl(logp_t, ref_logp_t)``.
+
+    Subtract it from the rewards before the advantages (``rewards - kl_reward_penalty(...)``)
+    when the KL lives in the reward (InstructGPT, verl's ``use_kl_in_reward``); the in-loss KL
+    must then be off (``policy_loss(beta=0)``). ``logp`` is the log-prob of the policy that
+    sampled the tokens (the old policy), a constant of the update.
+
+    Args:
+      logp: float ``[B, L]`` sampled-token log-probs under the sampling policy.
+      ref_logp: float ``[B, L]`` under the reference model.
+      mask: bool or float ``[B, L]``; 1/True on completion tokens.
+      beta: KL coefficient >= 0 (float or scalar array).
+      estimator: a key of ``KL_ESTIMATORS``. The default "k1" summed over a sequence is the
+        unbiased estimate of the sequence KL ``log pi(y) / pi_ref(y)``, the classic choice.
+
+    Returns:
+      float32 ``[B]``; 0 for a row without masked tokens. Masked-out values are ignored even
+      if they are NaN or inf.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {estimator!r}; known: {sorted(KL_ESTIMATORS)}")
+    if isinstance(beta, numbers.Real) and beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    shape = jnp.shape(logp)
+    if len(shape) != 2 or jnp.shape(ref_logp) != shape or jnp.shape(mask) != shape:
+        raise ValueError(
+            f"kl_reward_penalty: logp, ref_logp and mask must be [B, L] of one shape, got "
+            f"{shape}, {jnp.shape(ref_logp)} and {jnp.shape(mask)}"
+        )
+    m = jnp.asarray(mask).astype(jnp.float32)
+    lp = jnp.where(m != 0, jnp.asarray(logp, jnp.float32), 0.0)
+    ref = jnp.where(m != 0, jnp.asarray(ref_logp, jnp.float32), 0.0)
+    kl = jnp.sum(KL_ESTIMATORS[estimator](lp, ref) * m, axis=1)
+    return jnp.asarray(beta, jnp.float32) * kl
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -209,10 +280,30 @@ def aggregate_loss(
 # ----------------------------------------------------------------------------- policy loss
 
 
+def _check_positive_float(name, value, above):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a Python float or None, got {type(value).__name__}")
+    if not value > above:
+        raise ValueError(f"{name} must be > {above}, got {value}")
+
+
 def _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
-                  max_completion_length, entropy, entropy_coef) -> None:
+                  max_completion_length, entropy, entropy_coef, policy_loss_mode,
+                  clip_ratio_c, sampler_logp, tis_cap) -> None:
     """Eager validation of the non-array arguments of ``policy_loss``."""
     _check_aggregation_args(loss_type, max_completion_length)
+    if policy_loss_mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"unknown policy_loss_mode {policy_loss_mode!r}; known: "
+                         f"{sorted(POLICY_LOSS_MODES)}")
+    if clip_ratio_c is not None:
+        _check_positive_float("clip_ratio_c", clip_ratio_c, 1.0)
+        if policy_loss_mode not in MODES_WITH_DUAL_CLIP:
+            raise ValueError(f"clip_ratio_c (dual clip) does not apply to policy_loss_mode "
+                             f"{policy_loss_mode!r}; it needs one of {MODES_WITH_DUAL_CLIP}")
+    if tis_cap is not None:
+        _check_positive_float("tis_cap", tis_cap, 0.0)
+        if sampler_logp is None:
+            raise ValueError("tis_cap requires sampler_logp")
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise ValueError("loss_type 'dr_grpo' requires max_completion_length")
     if kl_estimator not in KL_ESTIMATORS:
@@ -238,16 +329,17 @@ def _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estim
         raise ValueError("a non-constant entropy_coef requires entropy")
 
 
-def _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy) -> None:
+def _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, sampler_logp) -> None:
     shape = jnp.shape(logp)
     if len(shape) != 2:
         raise ValueError(f"logp must be [B, L], got shape {shape}")
     for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp),
-                      ("entropy", entropy)):
+                      ("entropy", entropy), ("sampler_logp", sampler_logp)):
         if arr is not None and jnp.shape(arr) != shape:
             raise ValueError(f"{name} shape {jnp.shape(arr)} != logp shape {shape}")
-    if jnp.shape(advantages) != shape[:1]:
-        raise ValueError(f"advantages must be [B]={shape[:1]}, got {jnp.shape(advantages)}")
+    if jnp.shape(advantages) not in (shape[:1], shape):
+        raise ValueError(f"advantages must be [B]={shape[:1]} (one per sequence) or [B, L]="
+                         f"{shape} (per token, e.g. GAE), got {jnp.shape(advantages)}")
 
 
 def policy_loss(
@@ -267,18 +359,23 @@ def policy_loss(
     num_sequences: Array | int | None = None,
     entropy: Array | None = None,
     entropy_coef: float | Array = 0.0,
+    policy_loss_mode: str = "ppo",
+    clip_ratio_c: float | None = None,
+    sampler_logp: Array | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Clipped token-level policy-gradient loss (GRPO / Dr. GRPO / DAPO / BNPO).
+    """Policy-gradient loss (GRPO / Dr. GRPO / DAPO / BNPO aggregations; PPO / GSPO / CISPO).
 
     Args:
       logp: float ``[B, L]`` log-probs of the sampled completion tokens, current policy.
       old_logp: float ``[B, L]``, the policy that sampled them (constant).
-      advantages: float ``[B]``, one per sequence (constant).
+      advantages: float ``[B]``, one per sequence, or ``[B, L]`` per token (GAE; modes
+        "ppo" and "cispo"); constant.
       mask: bool or float ``[B, L]``; 1/True on completion tokens, 0 on padding.
       loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (see the module docstring).
       epsilon_low: static float in (0, 1); ratios below ``1 - epsilon_low`` are clipped.
       epsilon_high: static float > 0; ratios above ``1 + epsilon_high`` are clipped (DAPO's
-        clip-higher uses ``epsilon_high > epsilon_low``).
+        clip-higher uses ``epsilon_high > epsilon_low``). For "cispo" both bound the weight.
       beta: KL coefficient >= 0 (float or scalar array); > 0 requires ``ref_logp``.
       ref_logp: float ``[B, L]`` under the reference model (constant), or None.
       max_completion_length: static int, required for "dr_grpo".
@@ -290,21 +387,34 @@ def policy_loss(
         this to skip zero-advantage rows.
       entropy: float ``[B, L]`` per-token policy entropy, or None.
       entropy_coef: coefficient of the entropy bonus (subtracted from the loss).
+      policy_loss_mode: static, a key of ``POLICY_LOSS_MODES``: "ppo" (default), "gspo",
+        "cispo" (see ``loss_modes.py``).
+      clip_ratio_c: static float > 1 or None; dual-clip bound for negative advantages
+        ("ppo" and "gspo" only).
+      sampler_logp: float ``[B, L]`` log-probs the sampler reported for the tokens
+        (constant), or None.
+      tis_cap: static float > 0 or None; with ``sampler_logp``, the cap ``C`` of the TIS weight
+        ``min(exp(old_logp - sampler_logp), C)`` on the policy-gradient term.
 
     Returns:
       ``(loss, metrics)``: ``loss`` float32 ``[]``; ``metrics`` float32 scalars, token means
       over this batch's masked tokens unless noted: "clip_frac_low" (ratio < 1 - epsilon_low
       and A < 0), "clip_frac_high" (ratio > 1 + epsilon_high and A > 0), "ratio_mean",
       "ratio_max" (0 if no token), "kl" (0 without ``ref_logp``), "entropy" (0 without
-      ``entropy``), "pg_loss" (the loss without KL/entropy terms, aggregated by ``loss_type``).
+      ``entropy``), "pg_loss" (the loss without KL/entropy terms, aggregated by ``loss_type``);
+      with ``clip_ratio_c`` also "clip_frac_dual" (ratio > c and A < 0); with ``sampler_logp``
+      also "sampler_kl", "tis_weight_mean", "tis_clip_frac". For "gspo" the ratio metrics are
+      over sequences, for "cispo" they ignore the sign of A (see ``loss_modes.py``).
 
     Raises:
-      ValueError: unknown loss_type/kl_estimator, epsilons out of range, beta > 0 without
-        ref_logp, "dr_grpo" without max_completion_length, shape mismatches.
+      ValueError: unknown loss_type/kl_estimator/policy_loss_mode, epsilons out of range,
+        clip_ratio_c <= 1 or with "cispo", tis_cap <= 0 or without sampler_logp, beta > 0
+        without ref_logp, "dr_grpo" without max_completion_length, shape mismatches.
     """
     _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
-                  max_completion_length, entropy, entropy_coef)
-    _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy)
+                  max_completion_length, entropy, entropy_coef, policy_loss_mode,
+                  clip_ratio_c, sampler_logp, tis_cap)
+    _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, sampler_logp)
 
     m = jnp.asarray(mask).astype(jnp.float32)
     valid = m != 0
@@ -315,13 +425,31 @@ def policy_loss(
 
     logp = clean(logp, False)
     old_logp = clean(old_logp, True)
-    adv = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))[:, None]
+    adv = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))
+    if adv.ndim == 2:
+        if policy_loss_mode == "gspo":
+            raise ValueError("policy_loss_mode='gspo' needs one advantage per sequence ([B]); "
+                             "per-token advantages (GAE) go with 'ppo' or 'cispo'")
+        adv = jnp.where(valid, adv, 0.0)
+    else:
+        adv = adv[:, None]
 
-    ratio = jnp.exp(logp - old_logp)
-    clipped = jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-    pg_tok = -jnp.minimum(ratio * adv, clipped * adv)
+    pg_tok, metrics = POLICY_LOSS_MODES[policy_loss_mode](
+        logp, old_logp, adv, m, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+        clip_ratio_c=clip_ratio_c)
+
+    if sampler_logp is not None:
+        sampler = clean(sampler_logp, True)
+        is_ratio = jnp.exp(old_logp - sampler)          # pi_old / pi_sampler, constant
+        tis_weight, capped = is_ratio, jnp.zeros_like(m)
+        if tis_cap is not None:
+            tis_weight, capped = jnp.minimum(is_ratio, tis_cap), is_ratio > tis_cap
+            pg_tok = pg_tok * tis_weight
+        metrics.update(sampler_kl=masked_mean(_kl_k3(sampler, old_logp), m),
+                       tis_weight_mean=masked_mean(tis_weight, m),
+                       tis_clip_frac=masked_mean(capped, m))
+
     tok = pg_tok
-
     if ref_logp is not None:
         kl_tok = KL_ESTIMATORS[kl_estimator](logp, clean(ref_logp, True))
         tok = tok + beta * kl_tok
@@ -333,19 +461,10 @@ def policy_loss(
     loss = aggregate(tok, m, max_completion_length, num_tokens_global, num_sequences)
     pg_loss = aggregate(pg_tok, m, max_completion_length, num_tokens_global, num_sequences)
 
-    n_tok = jnp.maximum(jnp.sum(m), 1.0)
-
-    def token_mean(x):
-        return jnp.sum(jax.lax.stop_gradient(x) * m) / n_tok
-
-    ratio_sg = jax.lax.stop_gradient(ratio)
-    metrics = {
-        "clip_frac_low": token_mean((ratio_sg < 1.0 - epsilon_low) & (adv < 0)),
-        "clip_frac_high": token_mean((ratio_sg > 1.0 + epsilon_high) & (adv > 0)),
-        "ratio_mean": token_mean(ratio_sg),
-        "ratio_max": jnp.max(jnp.where(valid, ratio_sg, 0.0)),
-        "kl": token_mean(kl_tok) if ref_logp is not None else jnp.zeros((), jnp.float32),
-        "entropy": token_mean(ent_tok) if entropy is not None else jnp.zeros((), jnp.float32),
-        "pg_loss": jax.lax.stop_gradient(pg_loss),
-    }
+    zero = jnp.zeros((), jnp.float32)
+    metrics.update(
+        kl=masked_mean(kl_tok, m) if ref_logp is not None else zero,
+        entropy=masked_mean(ent_tok, m) if entropy is not None else zero,
+        pg_loss=jax.lax.stop_gradient(pg_loss),
+    )
     return loss, metrics
