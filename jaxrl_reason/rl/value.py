@@ -1,0 +1,374 @@
+"""PPO with a learned critic (InstructGPT / Ouyang et al. 2022, as verl and OpenRLHF run it).
+
+The pieces the trainer names, each a small pure function:
+
+- value model (`jaxrl_reason.models.value_head.ValueModel`): the policy's `Transformer`
+  trunk with a scalar head. `init_value_params` builds its params, optionally copying the
+  trunk from policy/SFT params; `completion_values` reads V(s_t) for every completion token.
+- `token_rewards`: the per-token reward, ``-kl_coef * kl_t`` at every completion token plus
+  the sequence reward at the last one.
+- `gae`: generalised advantage estimation over the completion tokens (Schulman et al. 2016).
+- `whiten`: masked advantage whitening.
+- `value_loss`: the PPO clipped value loss and its metrics.
+- `make_value_fn` / `make_value_update_fn`: jitted scoring and donated critic updates, the
+  counterparts of the trainer's `make_logprob_fn` / `make_update_fn`.
+
+Value params layout (see `value_head.py`):
+
+    {"trunk": <Transformer params without "lm_head">,
+     "head":  {"kernel": f32 [D, 1] logical ("embed", None), "bias": f32 [1] logical (None,)}}
+
+Deviations from the paper / from verl and OpenRLHF, on purpose:
+
+- One MDP step per completion token; the state s_t is prompt + completion[:t] and the episode
+  ends after the last completion token, whose next-state value is 0. A completion truncated at
+  the token budget is treated as terminal too (no bootstrapping), as verl and OpenRLHF do.
+- The head reads the final (RMS-normed) hidden state, as HF's token-classification heads do;
+  its kernel is zero-initialised by default (OpenRLHF: normal, std 1/(D+1); verl: the HF
+  initializer_range), so every value starts at 0 and the first advantages are the
+  reward-to-go. An untied policy's `lm_head` is not copied into the critic.
+- `value_loss` aggregates like the policy loss registry (`losses.LOSS_AGGREGATIONS`) with the
+  token mean ("bnpo", verl's "token-mean") as default; the 0.5 factor is kept.
+- `whiten` uses the Bessel-corrected variance (ddof=1), as TRL's and verl's `masked_whiten`.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.scoring import sequence_inputs
+from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
+                                            value_param_shardings)
+from jaxrl_reason.rl.losses import LOSS_AGGREGATIONS, aggregate_loss
+from jaxrl_reason.train_state import TrainState, apply_gradients
+
+Array = jnp.ndarray
+
+__all__ = [
+    "completion_values",
+    "gae",
+    "init_value_params",
+    "make_value_fn",
+    "make_value_update_fn",
+    "token_rewards",
+    "value_loss",
+    "whiten",
+]
+
+
+# ----------------------------------------------------------------------------- value model
+
+
+def _tree_problems(got, want) -> list[str]:
+    """Differences in structure / shapes between `got` (arrays) and `want` (abstract)."""
+    if jax.tree.structure(got) != jax.tree.structure(want):
+        return [f"structure {jax.tree.structure(got)} != expected {jax.tree.structure(want)}"]
+    problems = []
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        if tuple(a.shape) != tuple(b.shape):
+            problems.append(f"{jax.tree_util.keystr(path)}: shape {a.shape} != {b.shape}")
+    return problems
+
+
+def init_value_params(model_cfg: ModelConfig, rng: jax.Array, mesh: Mesh,
+                      rules: Iterable[tuple[str, Any]], from_params: Any = None, *,
+                      head_init_std: float = 0.0) -> dict:
+    """Value-model params, created directly in their target sharding.
+
+    Args:
+      model_cfg: the policy's ModelConfig.
+      rng: PRNG key (the head's init, and the trunk's when `from_params` is None).
+      mesh, rules: placement, as for `models.init_params` (the head kernel shards its
+        "embed" dim like the trunk's weights).
+      from_params: policy or SFT params of `model_cfg` (an "lm_head" entry is dropped). The
+        trunk is a fresh copy in new buffers, cast to `param_dtype`: donating or deleting
+        `from_params` afterwards leaves the critic intact. None: a random trunk.
+      head_init_std: std of the head kernel's normal init; 0.0 = zeros (values start at 0).
+    Returns:
+      {"trunk": ..., "head": {"kernel": [D, 1], "bias": [1]}}, `param_dtype` arrays.
+    Raises:
+      ValueError: `from_params` does not match `model_cfg`'s parameter tree.
+    """
+    shardings = value_param_shardings(model_cfg, mesh, tuple(rules))
+    value_model = ValueModel(model_cfg, head_init_std=head_init_std)
+    dummy = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool))
+
+    def fresh(key):
+        return nn.meta.unbox(value_model.init(key, *dummy))["params"]
+
+    if from_params is None:
+        return jax.jit(fresh, out_shardings=shardings)(rng)
+
+    abstract = abstract_value_params(model_cfg)["trunk"]
+    trunk = {k: v for k, v in from_params.items() if k != "lm_head"}
+    problems = _tree_problems(trunk, abstract)
+    if problems:
+        raise ValueError("init_value_params: from_params do not match the model config: "
+                         + "; ".join(problems[:5]))
+
+    def copy(trunk, key):
+        # jnp.copy inside jit: outputs are new buffers (never the inputs forwarded). The
+        # unused fresh trunk is dead code that XLA removes.
+        copied = jax.tree.map(lambda x, a: jnp.copy(x.astype(a.dtype)), trunk, abstract)
+        return {"trunk": copied, "head": fresh(key)["head"]}
+
+    return jax.jit(copy, out_shardings=shardings)(trunk, rng)
+
+
+def completion_values(model, value_params, prompt_tokens, prompt_valid, completion_tokens,
+                      mask) -> Array:
+    """V(s_t) for each completion position t, s_t = prompt + completion[:t].
+
+    The value is read at the positions `scoring.completion_logprobs` reads the logits of
+    completion token t from (the last token of s_t: the prompt's last token for t = 0).
+
+    Args:
+      model: the policy's `Transformer` (only its `cfg` is used: the value model is
+        `ValueModel(model.cfg)`).
+      value_params: from `init_value_params`.
+      prompt_tokens: int32 [B, Tp] left-padded; prompt_valid: bool [B, Tp].
+      completion_tokens: int32 [B, L] right-padded; mask: [B, L] (1 on real tokens).
+    Returns:
+      float32 [B, L], 0 where the mask is 0.
+    """
+    tokens, positions, valid = sequence_inputs(prompt_tokens, prompt_valid, completion_tokens,
+                                               mask)
+    prompt_len, length = prompt_tokens.shape[1], completion_tokens.shape[1]
+    values = ValueModel(model.cfg).apply({"params": value_params}, tokens[:, :-1],
+                                         positions[:, :-1], valid[:, :-1])
+    values = values[:, prompt_len - 1: prompt_len - 1 + length]
+    return jnp.where(jnp.asarray(mask) != 0, values, 0.0)
+
+
+# ----------------------------------------------------------------------------- rewards, GAE
+
+
+def _check_2d(name: str, x, shape) -> None:
+    if jnp.shape(x) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {jnp.shape(x)}")
+
+
+def token_rewards(seq_rewards: Array, mask: Array, *, kl: Array | None = None,
+                  kl_coef: float | Array = 0.0) -> Array:
+    """InstructGPT reward shaping: r_t = -kl_coef * kl_t, plus the sequence reward at the last
+    valid token.
+
+    Args:
+      seq_rewards: float [B], one reward per completion.
+      mask: bool/float [B, L]; 1 on completion tokens (a prefix of each row).
+      kl: float [B, L] per-token KL estimate (e.g. `losses.kl_penalty(old_logp, ref_logp,
+        estimator="k1")`, InstructGPT's log pi_old - log pi_ref), or None (no KL term).
+      kl_coef: KL coefficient (python float or scalar array).
+    Returns:
+      float32 [B, L]; 0 at masked positions; a row without any valid token gets no reward.
+    """
+    m = jnp.asarray(mask) != 0
+    batch, length = m.shape
+    _check_2d("seq_rewards", seq_rewards, (batch,))
+    last = length - 1 - jnp.argmax(m[:, ::-1], axis=1)  # last valid index (L-1 if none)
+    at_last = (jnp.arange(length)[None, :] == last[:, None]) & jnp.any(m, axis=1)[:, None]
+    rewards = jnp.where(at_last, jnp.asarray(seq_rewards, jnp.float32)[:, None], 0.0)
+    if kl is not None:
+        _check_2d("kl", kl, m.shape)
+        rewards = rewards - jnp.asarray(kl_coef, jnp.float32) * jnp.where(
+            m, jnp.asarray(kl, jnp.float32), 0.0)
+    return rewards
+
+
+def gae(rewards: Array, values: Array, mask: Array, *, gamma: float | Array,
+        lam: float | Array) -> tuple[Array, Array]:
+    """Generalised advantage estimation over completion tokens (backward `lax.scan`).
+
+        delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1}
+
+    with V and A after the last valid token = 0 (terminal). A masked position gets A = 0 and
+    acts as an episode boundary: nothing propagates across it (the mask is meant to be a
+    prefix of ones; rows may have different lengths). With gamma = lam = 1, A_t is the
+    reward-to-go minus V_t.
+
+    Args:
+      rewards: float [B, L] per-token rewards (`token_rewards`).
+      values: float [B, L] V(s_t) (`completion_values`); any value (even NaN) where masked.
+      mask: bool/float [B, L].
+      gamma, lam: discount and GAE lambda in [0, 1] (python floats or scalar arrays).
+    Returns:
+      (advantages, returns), float32 [B, L] each, returns = advantages + values; both 0 where
+      masked.
+    """
+    m = jnp.asarray(mask) != 0
+    _check_2d("rewards", rewards, m.shape)
+    _check_2d("values", values, m.shape)
+    r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
+    v = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
+    gamma = jnp.asarray(gamma, jnp.float32)
+    gamma_lam = gamma * jnp.asarray(lam, jnp.float32)
+
+    def step(carry, xs):
+        next_value, next_adv = carry
+        r_t, v_t, m_t = xs
+        adv = jnp.where(m_t, r_t + gamma * next_value - v_t + gamma_lam * next_adv, 0.0)
+        return (v_t, adv), adv  # v_t is 0 where masked: the boundary resets the carry
+
+    zeros = jnp.zeros(m.shape[:1], jnp.float32)
+    _, adv = jax.lax.scan(step, (zeros, zeros), (r.T, v.T, m.T), reverse=True)
+    adv = adv.T
+    return adv, jnp.where(m, adv + v, 0.0)
+
+
+def whiten(x: Array, mask: Array, shift_mean: bool = True, *, ddof: int = 1,
+           eps: float = 1e-8) -> Array:
+    """Masked whitening: (x - mean) / sqrt(var + eps) over the valid entries.
+
+    Args:
+      x: float [...]; any value (even NaN) where masked.
+      mask: bool/float, same shape.
+      shift_mean: False adds the mean back (scale only), as TRL's `masked_whiten`.
+      ddof: 1 (Bessel-corrected variance, default) or 0; divisor max(n - ddof, 1).
+      eps: added to the variance.
+    Returns:
+      float32, same shape; 0 where masked (all zeros, no NaN, for an empty mask).
+    """
+    m = jnp.asarray(mask) != 0
+    _check_2d("x", x, m.shape)
+    x = jnp.where(m, jnp.asarray(x, jnp.float32), 0.0)
+    n = jnp.sum(m.astype(jnp.float32))
+    mean = jnp.sum(x) / jnp.maximum(n, 1.0)
+    centered = jnp.where(m, x - mean, 0.0)
+    var = jnp.sum(centered * centered) / jnp.maximum(n - ddof, 1.0)
+    out = centered * jax.lax.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return jnp.where(m, out, 0.0)
+
+
+# ----------------------------------------------------------------------------- value loss
+
+
+def _explained_variance(values, returns, m):
+    """1 - Var(R - V) / Var(R) over the masked tokens; 0 when Var(R) is 0 (or no token)."""
+    n = jnp.maximum(jnp.sum(m), 1.0)
+
+    def var(x):
+        mean = jnp.sum(x * m) / n
+        return jnp.sum(jnp.square(x - mean) * m) / n
+
+    var_r = var(returns)
+    # Round-off makes the variance of equal returns tiny but not 0: compare to their scale.
+    ok = var_r > 1e-10 * (jnp.sum(jnp.square(returns) * m) / n)
+    return jnp.where(ok, 1.0 - var(returns - values) / jnp.where(ok, var_r, 1.0), 0.0)
+
+
+def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
+               clip_range: float | None, loss_type: str = "bnpo",
+               max_completion_length: int | None = None,
+               num_tokens_global: Array | int | None = None,
+               num_sequences: Array | int | None = None) -> tuple[Array, dict[str, Array]]:
+    """PPO clipped value loss.
+
+        per_tok = 0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)
+
+    (0.5 * (V - R)^2 when `clip_range` is None), reduced by `loss_type` as in `policy_loss`.
+
+    Args:
+      values: float [B, L] V(s_t) under the critic being trained (gradients flow here).
+      old_values: float [B, L] the values the returns were computed with (constant).
+      returns: float [B, L] GAE returns (constant).
+      mask: bool/float [B, L].
+      clip_range: static float c > 0, or None for the unclipped loss.
+      loss_type: a key of `losses.LOSS_AGGREGATIONS`; default "bnpo", the token mean over the
+        masked tokens (with `num_tokens_global`, the global batch's token mean).
+      max_completion_length, num_tokens_global, num_sequences: as in `losses.policy_loss`.
+    Returns:
+      (loss f32 [], metrics): float32 scalars, token means over this batch's masked tokens:
+      "value_loss" (= loss), "value_clip_frac" (the clipped branch is the larger one),
+      "value_mean", "explained_variance" (1 - Var(R - V) / Var(R); 0 when Var(R) = 0).
+      Masked entries (even NaN) affect neither loss nor gradient.
+    """
+    if loss_type not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss_type {loss_type!r}; known: {sorted(LOSS_AGGREGATIONS)}")
+    if clip_range is not None and (isinstance(clip_range, bool) or not isinstance(
+            clip_range, numbers.Real) or not clip_range > 0):
+        raise ValueError(f"clip_range must be a float > 0 or None, got {clip_range!r}")
+    shape = jnp.shape(mask)
+    if len(shape) != 2:
+        raise ValueError(f"mask must be [B, L], got shape {shape}")
+    for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
+        _check_2d(name, x, shape)
+
+    m = (jnp.asarray(mask) != 0).astype(jnp.float32)
+    valid = m != 0
+    v = jnp.where(valid, jnp.asarray(values, jnp.float32), 0.0)
+    old = jax.lax.stop_gradient(jnp.where(valid, jnp.asarray(old_values, jnp.float32), 0.0))
+    ret = jax.lax.stop_gradient(jnp.where(valid, jnp.asarray(returns, jnp.float32), 0.0))
+
+    err = jnp.square(v - ret)
+    if clip_range is None:
+        tok, clipped = 0.5 * err, jnp.zeros_like(err)
+    else:
+        v_clip = old + jnp.clip(v - old, -clip_range, clip_range)
+        err_clip = jnp.square(v_clip - ret)
+        tok, clipped = 0.5 * jnp.maximum(err, err_clip), (err_clip > err).astype(jnp.float32)
+    loss = aggregate_loss(tok, m, loss_type=loss_type,
+                          max_completion_length=max_completion_length,
+                          num_tokens_global=num_tokens_global, num_sequences=num_sequences)
+
+    n_tok = jnp.maximum(jnp.sum(m), 1.0)
+    v_sg = jax.lax.stop_gradient(v)
+    metrics = {
+        "value_loss": jax.lax.stop_gradient(loss),
+        "value_clip_frac": jnp.sum(clipped * m) / n_tok,
+        "value_mean": jnp.sum(v_sg * m) / n_tok,
+        "explained_variance": _explained_variance(v_sg, ret, m),
+    }
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------- jitted steps
+
+
+def make_value_fn(model):
+    """Jitted (value_params, prompt_tokens, prompt_valid, completion_tokens, mask) -> values
+    f32 [B, L] (`completion_values`; the rollout's `scoring_args()` after the params)."""
+
+    def fn(value_params, prompt_tokens, prompt_valid, completion_tokens, mask):
+        return completion_values(model, value_params, prompt_tokens, prompt_valid,
+                                 completion_tokens, mask)
+
+    return jax.jit(fn)
+
+
+def make_value_update_fn(model, optimizer, *, clip_range: float | None,
+                         loss_type: str = "bnpo", max_completion_length: int | None = None):
+    """Jitted, state-donating critic update: (value_state, batch) -> (value_state, metrics).
+
+    Args:
+      model: the policy's `Transformer` (see `completion_values`).
+      optimizer: optax transformation (e.g. `train_state.make_optimizer`).
+      clip_range, loss_type, max_completion_length: as in `value_loss`.
+    `batch` is a dict with prompt_tokens, prompt_valid, completion_tokens, mask (the
+    Rollout's fields), "old_values" and "returns" f32 [B, L], and optionally "num_tokens" /
+    "num_sequences" (global normalizers); other keys are ignored, so the policy's batch dict
+    can be reused. Metrics: those of `value_loss` plus "value_grad_norm".
+    """
+
+    def loss_fn(params, batch):
+        values = completion_values(model, params, batch["prompt_tokens"], batch["prompt_valid"],
+                                   batch["completion_tokens"], batch["mask"])
+        return value_loss(values, batch["old_values"], batch["returns"], batch["mask"],
+                          clip_range=clip_range, loss_type=loss_type,
+                          max_completion_length=max_completion_length,
+                          num_tokens_global=batch.get("num_tokens"),
+                          num_sequences=batch.get("num_sequences"))
+
+    def update(state: TrainState, batch):
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        state, grad_norm = apply_gradients(state, grads, optimizer)
+        return state, {**metrics, "value_grad_norm": grad_norm}
+
+    return jax.jit(update, donate_argnums=0)
