@@ -88,12 +88,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.weight_decay = 0.0                 # AdamW weight decay
     c.rl.max_grad_norm = 1.0                # global-norm gradient clipping
     c.rl.num_iterations = 1                 # policy updates per batch (mu in the GRPO paper)
-    c.rl.advantage_estimator = "grpo"       # grpo | rloo | reinforce_pp
+    c.rl.advantage_estimator = "grpo"       # grpo | rloo | reinforce_pp | gae (PPO, critic)
     c.rl.advantage_scale = "group"          # group | batch | none (none + grpo = Dr. GRPO)
     c.rl.loss_type = "grpo"                 # grpo | bnpo | dr_grpo | dapo
     c.rl.epsilon_low = 0.2                  # lower clip range
     c.rl.epsilon_high = 0.2                 # upper clip range (DAPO clip-higher: 0.28)
     c.rl.beta = 0.0                         # KL coefficient to the SFT reference (0: no reference)
+    c.rl.kl_in_reward = False               # True: subtract beta * KL from the reward, not the loss
+    c.rl.policy_loss_mode = "ppo"           # ppo (token ratio) | gspo (sequence ratio) | cispo
+    c.rl.clip_ratio_c = 0.0                 # dual-clip bound for negative advantages (> 1); 0 = off
+    c.rl.tis_cap = 0.0                      # truncated IS weight vs sampler log-probs; 0 = off
+    c.rl.entropy_coef = 0.0                 # entropy bonus coefficient
     c.rl.kl_estimator = "k3"                # k1 | k2 | k3
     c.rl.kl_target = 0.0                    # > 0: adaptive KL controller aims beta at this KL
     c.rl.kl_horizon = 10000.0               # adaptive KL horizon (samples)
@@ -102,6 +107,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.dynamic_sampling = False           # DAPO: resample until B groups have reward variance
     c.rl.dynamic_sampling_max_rounds = 3    # extra sampling rounds per step at most
     c.rl.mask_truncated_completions = False  # truncated samples give no gradient (DAPO)
+    c.rl.gamma = 1.0                        # GAE discount (advantage_estimator = gae)
+    c.rl.lam = 0.95                         # GAE lambda
+    c.rl.whiten_advantages = True           # GAE: whiten advantages over the batch's tokens
+    c.rl.value = ml_collections.ConfigDict()  # PPO critic (advantage_estimator = gae)
+    c.rl.value.init = "policy"              # policy | sft | random: where the trunk starts
+    c.rl.value.learning_rate = 2e-4         # critic AdamW learning rate
+    c.rl.value.clip_range = 0.2             # clipped value loss range (0 = unclipped)
+    c.rl.value.warmup_steps = 0             # steps that train only the critic
+    c.rl.value.weight_decay = 0.0
+    c.rl.value.max_grad_norm = 1.0
     c.rl.train_length_bucket = 32           # training pads completions to a multiple of this
     c.rl.skip_zero_advantage_rows = True    # beta = 0: update only on rows with a signal
     c.rl.train_row_buckets = 4              # row counts the update compiles for (N*k/4)

@@ -16,7 +16,7 @@ import ml_collections
 from jaxrl_reason.data.tasks import get_task
 from jaxrl_reason.rewards.pool import import_reward_modules, resolve_rewards
 from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES
-from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS_MODES
 from jaxrl_reason.sharding import MESH_AXES, resolve_mesh_shape
 
 # Algorithms whose baseline is the group: they need at least two samples per prompt.
@@ -106,7 +106,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     _one_of(problems, config, "rl.loss_type", LOSS_AGGREGATIONS)
     _one_of(problems, config, "rl.lr_decay", ("constant", "cosine"))
     _one_of(problems, config, "rl.kl_estimator", KL_ESTIMATORS)
-    _one_of(problems, config, "rl.advantage_estimator", ADVANTAGE_ESTIMATORS)
+    _one_of(problems, config, "rl.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS) + ("gae",))
+    _one_of(problems, config, "rl.policy_loss_mode", POLICY_LOSS_MODES)
+    problems += _algorithm_problems(config)
     _one_of(problems, config, "rl.advantage_scale", ADVANTAGE_SCALES)
 
     group = _get(config, "rl.num_generations")
@@ -149,6 +151,37 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         problems.append(f"rl.train_length_bucket: {bucket} exceeds rl.max_new_tokens "
                         f"{config.rl.max_new_tokens}")
     problems += _reward_problems(config)
+    return problems
+
+
+def _algorithm_problems(config) -> list[str]:
+    problems = []
+    mode = _get(config, "rl.policy_loss_mode", "ppo")
+    clip_c = _get(config, "rl.clip_ratio_c", 0.0)
+    if isinstance(clip_c, (int, float)) and clip_c != 0:
+        if clip_c <= 1:
+            problems.append(f"rl.clip_ratio_c: the dual-clip bound must be > 1 (or 0 = off), "
+                            f"got {clip_c}")
+        if mode == "cispo":
+            problems.append("rl.clip_ratio_c: dual clip does not apply to policy_loss_mode "
+                            "'cispo' (its IS weights are already clipped)")
+    tis = _get(config, "rl.tis_cap", 0.0)
+    if isinstance(tis, (int, float)) and tis < 0:
+        problems.append(f"rl.tis_cap: must be > 0 (or 0 = off), got {tis}")
+    if _get(config, "rl.kl_in_reward") and not _get(config, "rl.beta", 0) > 0:
+        problems.append("rl.kl_in_reward: needs rl.beta > 0 (the KL coefficient)")
+    if _get(config, "rl.advantage_estimator") == "gae":
+        value = _get(config, "rl.value")
+        if not isinstance(value, (dict, ml_collections.ConfigDict)):
+            return problems + ["rl.value: PPO (advantage_estimator='gae') needs a value model "
+                               "config (rl.value.init, learning_rate, clip_range, ...)"]
+        _one_of(problems, config, "rl.value.init", ("policy", "sft", "random"))
+        _in_range(problems, config, "rl.value.learning_rate", 0.0, 1.0, low_open=True)
+        _in_range(problems, config, "rl.gamma", 0.0, 1.0)
+        _in_range(problems, config, "rl.lam", 0.0, 1.0)
+        if mode == "gspo":
+            problems.append("rl.policy_loss_mode: 'gspo' needs one advantage per sequence; "
+                            "with GAE use 'ppo' or 'cispo'")
     return problems
 
 

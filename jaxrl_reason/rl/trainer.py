@@ -21,6 +21,7 @@ are the whole batch's (up to float summation order) at a fraction of the cost.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Mapping, Sequence
 
@@ -35,7 +36,9 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.rl.advantages import group_advantages, group_stats
-from jaxrl_reason.rl.losses import policy_loss
+from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty, policy_loss
+from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn, make_value_update_fn,
+                                   token_rewards, whiten)
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
 from jaxrl_reason.runtime import Runtime
@@ -163,6 +166,24 @@ def mix_reference(ref_params, params, alpha: float):
     return _mix(ref_params, params, jnp.float32(alpha))
 
 
+@functools.partial(jax.jit, static_argnames=("whiten_advantages",))
+def ppo_advantages(seq_rewards, mask, values, kl, kl_coef, *, gamma, lam,
+                   whiten_advantages: bool):
+    """PPO's per-token advantages: InstructGPT token rewards (the sequence reward at the last
+    token, -kl_coef * KL per token when `kl` is given), GAE against the critic's `values`,
+    optionally whitened over the batch's tokens.
+
+    Args: seq_rewards f32 [N]; mask, values, kl f32 [N, L] (kl may be None); kl_coef f32 [].
+    Returns: (advantages f32 [N, L], returns f32 [N, L]) with returns = GAE + values (before
+    whitening).
+    """
+    rewards = token_rewards(seq_rewards, mask, kl=kl, kl_coef=kl_coef)
+    advantages, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    return advantages, returns
+
+
 def make_update_fn(model, optimizer, rl):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics)."""
 
@@ -171,12 +192,16 @@ def make_update_fn(model, optimizer, rl):
             model, params, batch["prompt_tokens"], batch["prompt_valid"],
             batch["completion_tokens"], batch["mask"], temperature=rl.temperature)
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
+        in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
         return policy_loss(
             logp, old, batch["advantages"], batch["mask"], loss_type=rl.loss_type,
-            epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=batch["beta"] if rl.beta > 0 else 0.0,
+            epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
+            beta=batch["beta"] if in_loss_kl else 0.0,
             ref_logp=batch.get("ref_logp"), max_completion_length=rl.max_new_tokens,
-            kl_estimator=rl.kl_estimator, entropy=entropy,
-            num_sequences=batch.get("num_sequences"), num_tokens_global=batch.get("num_tokens"))
+            kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
+            num_sequences=batch.get("num_sequences"), num_tokens_global=batch.get("num_tokens"),
+            policy_loss_mode=rl.policy_loss_mode, clip_ratio_c=rl.clip_ratio_c or None,
+            sampler_logp=batch.get("sampler_logp"), tis_cap=rl.tis_cap or None)
 
     def update(state: TrainState, batch):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
@@ -215,11 +240,34 @@ class RLTrainer:
         self.data = example_iterator(source, batch_size=rl.batch_prompts, seed=rt.config.seed)
         self.verifier = task_verifier(rt.config)
         self.rewards = make_reward_pool(rt.config)
-        # Zero-advantage rows carry no loss term only without the KL penalty.
-        self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0
+        # Zero-advantage rows carry no loss term only without the KL penalty (and never with
+        # per-token GAE advantages).
+        self.gae = rl.advantage_estimator == "gae"
+        self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0 and not self.gae
+        self.value_state = None
+        self.step_count = 0  # RL steps taken by this trainer (restored with the state)
+        if self.gae:  # PPO's critic, before the first update donates `init_params`
+            self._init_critic(init_params, ref_params)
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature)
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl)
         self.ckpt = PhaseCheckpointer(rt, "rl")
+
+    def _init_critic(self, init_params, sft_params) -> None:
+        """The value model (policy trunk + scalar head) and its own optimizer."""
+        rt, v = self.rt, self.rl.value
+        source = {"policy": init_params, "sft": sft_params if sft_params is not None
+                  else init_params, "random": None}[v.init]
+        self.value_optimizer = make_optimizer(
+            learning_rate_schedule(v.learning_rate, self.rl.warmup_steps, self.rl.steps,
+                                   "constant"),
+            weight_decay=v.weight_decay, max_grad_norm=v.max_grad_norm)
+        value_params = init_value_params(rt.model_cfg, jax.random.key(rt.config.seed + 2),
+                                         rt.mesh, rt.rules, from_params=source)
+        self.value_state = create_train_state(value_params, self.value_optimizer)
+        self.value_fn = make_value_fn(rt.model)
+        self.value_update_fn = make_value_update_fn(
+            rt.model, self.value_optimizer, clip_range=v.clip_range or None,
+            loss_type="bnpo", max_completion_length=self.rl.max_new_tokens)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -227,6 +275,10 @@ class RLTrainer:
         extra = {"rng": jax.random.key_data(self.rng)}
         if self.ref_params is not None:
             extra["ref_params"] = self.ref_params
+        if self.value_state is not None:
+            extra["value_state"] = {"step": self.value_state.step,
+                                    "params": self.value_state.params,
+                                    "opt_state": self.value_state.opt_state}
         return extra
 
     def save(self, step: int) -> None:
@@ -239,11 +291,14 @@ class RLTrainer:
         if restored is None:
             return False
         self.state, meta, extra = restored
+        self.step_count = int(self.state.step) // self.rl.num_iterations
         self.data.set_state(meta["data_iterator"])
         self.beta = float(meta.get("beta", self.rl.beta))
         self.rng = jax.random.wrap_key_data(extra["rng"])
         if self.ref_params is not None:
             self.ref_params = extra["ref_params"]
+        if self.value_state is not None:
+            self.value_state = TrainState(**extra["value_state"])
         return True
 
     # ------------------------------------------------------------------ one step
@@ -365,42 +420,78 @@ class RLTrainer:
         times["time/score_s"] = time.time() - t0
 
         t0 = time.time()
-        advantages = np.asarray(jax.device_get(group_advantages(
-            jnp.asarray(rewards.total), rl.num_generations, estimator=rl.advantage_estimator,
-            scale=rl.advantage_scale)), np.float32)
         train_lengths = self.train_lengths(host)
-        advantages = np.where(train_lengths > 0, advantages, 0.0).astype(np.float32)
-        num_rows = train_rows = len(advantages)
-        if self.skip_rows:
-            rows, real = select_train_rows(advantages, rl.train_row_buckets,
-                                           shd.data_parallel_size(self.rt.mesh, self.rt.rules))
-            rollout = self.rollout(host, rows, real)
-            advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
-            train_rows = int(real.sum())
-        elif rollout is None:
+        num_rows = train_rows = len(train_lengths)
+        if rollout is None and (self.gae or not self.skip_rows):
             rollout = self.rollout(host)
-        batch = {**vars(rollout), "advantages": self.rt.put(advantages),
-                 # Whole-batch normalizers: a subset of rows gives the whole batch's loss.
-                 "num_sequences": np.float32(num_rows),
-                 "num_tokens": np.float32(max(1, np.sum(train_lengths))),
-                 "beta": np.float32(self.beta)}
+        seq_rewards, extra_metrics = rewards.total, {}
+        if rl.kl_in_reward and ref_logp is not None and not self.gae:
+            # Sequence KL of the sampling policy to the reference, taken off the reward.
+            penalty = np.asarray(jax.device_get(kl_reward_penalty(
+                self._sampler_logp(host), ref_logp, rollout.mask, beta=self.beta,
+                estimator=rl.kl_estimator)), np.float32)
+            seq_rewards = seq_rewards - penalty
+            extra_metrics["reward/kl_penalty"] = float(np.mean(penalty))
+        if self.gae:
+            values = self.value_fn(self.value_state.params, *rollout.scoring_args())
+            kl = None
+            if rl.kl_in_reward and ref_logp is not None:
+                kl = kl_penalty(self._sampler_logp(host), ref_logp, estimator=rl.kl_estimator)
+            advantages, returns = ppo_advantages(
+                self.rt.put(np.asarray(seq_rewards, np.float32)), rollout.mask, values, kl,
+                jnp.float32(self.beta), gamma=rl.gamma, lam=rl.lam,
+                whiten_advantages=rl.whiten_advantages)
+            batch = {**vars(rollout), "advantages": advantages, "old_values": values,
+                     "returns": returns}
+            rows = None
+        else:
+            advantages = np.asarray(jax.device_get(group_advantages(
+                jnp.asarray(seq_rewards), rl.num_generations,
+                estimator=rl.advantage_estimator, scale=rl.advantage_scale)), np.float32)
+            advantages = np.where(train_lengths > 0, advantages, 0.0).astype(np.float32)
+            rows = None
+            if self.skip_rows:
+                rows, real = select_train_rows(
+                    advantages, rl.train_row_buckets,
+                    shd.data_parallel_size(self.rt.mesh, self.rt.rules))
+                rollout = self.rollout(host, rows, real)
+                advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
+                train_rows = int(real.sum())
+            batch = {**vars(rollout), "advantages": self.rt.put(advantages)}
+        # Whole-batch normalizers: a subset of rows gives the whole batch's loss.
+        batch.update(num_sequences=np.float32(num_rows),
+                     num_tokens=np.float32(max(1, np.sum(train_lengths))),
+                     beta=np.float32(self.beta), sampler_logp=self._sampler_logp(host, rows))
         if ref_logp is not None:
             batch["ref_logp"] = ref_logp
         if rl.num_iterations > 1:
             batch["old_logp"] = self.logprob_fn(self.state.params, *rollout.scoring_args())
+        metrics = {}
+        policy_frozen = self.gae and self.step_count < rl.value.warmup_steps
         for _ in range(rl.num_iterations):
-            self.state, metrics = self.update_fn(self.state, batch)
+            if not policy_frozen:
+                self.state, metrics = self.update_fn(self.state, batch)
+            if self.gae:
+                self.value_state, value_metrics = self.value_update_fn(self.value_state, batch)
+                metrics = {**metrics, **value_metrics}
+        self.step_count += 1
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         self._after_update(metrics)
         times["time/train_s"] = time.time() - t0
         metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
-        return {**metrics, **self._rollout_metrics(rewards, host), **ds_metrics, **times}
+        return {**metrics, **extra_metrics, **self._rollout_metrics(rewards, host),
+                **ds_metrics, **times}
+
+    def _sampler_logp(self, host, rows: np.ndarray | None = None) -> jax.Array:
+        """The sampler's log-probs f32 [M, length] of `rows` (default all), on the mesh."""
+        logp = host["sampler_logp"][:, :host["length"]]
+        return self.rt.put(logp if rows is None else logp[rows])
 
     def _after_update(self, metrics: dict[str, float]) -> None:
         """Adaptive KL coefficient and reference sync, once per step (host side)."""
         rl = self.rl
         step = int(self.state.step) // rl.num_iterations
-        if self.ref_params is not None and rl.kl_target > 0:
+        if self.ref_params is not None and rl.kl_target > 0 and "kl" in metrics:
             self.beta = adaptive_kl_beta(self.beta, metrics["kl"], rl.kl_target, rl.kl_horizon,
                                          rl.batch_prompts * rl.num_generations)
         metrics["beta"] = self.beta

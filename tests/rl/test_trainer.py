@@ -23,7 +23,7 @@ from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.base import register_reward
 from jaxrl_reason.rl.advantages import group_advantages
 from jaxrl_reason.rl.trainer import (RLTrainer, adaptive_kl_beta, merge_groups, mix_reference,
-                                      select_train_rows, zero_variance_groups)
+                                      ppo_advantages, select_train_rows, zero_variance_groups)
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.train_state import create_train_state
 
@@ -405,3 +405,51 @@ def test_adaptive_kl_and_reference_sync_in_the_loop(make_trainer):
     assert m2["beta"] == pytest.approx(adaptive_kl_beta(m1["beta"], m2["kl"], 1e-6, 100, n))
     assert tree_equal(jax.device_get(trainer.ref_params), jax.device_get(trainer.state.params))
     assert not tree_equal(jax.device_get(trainer.ref_params), initial)
+
+
+def test_ppo_with_a_critic_runs_and_the_critic_learns(make_trainer):
+    """advantage_estimator='gae': per-token advantages from the critic, KL in the token
+    rewards, policy and critic both updated; the value loss falls on a repeated batch."""
+    trainer, _ = make_trainer(
+        "--config.rl.advantage_estimator=gae", "--config.rl.beta=0.02",
+        "--config.rl.kl_in_reward=True", "--config.rl.kl_estimator=k1",
+        "--config.rl.loss_type=bnpo", "--config.rl.num_iterations=2",
+        "--config.rl.value.learning_rate=3e-3", weights={"_test_text_length": 1.0})
+    assert trainer.value_state is not None and not trainer.skip_rows
+    history = run_steps(trainer, 3)
+    for m in history:
+        for key in ("value_loss", "explained_variance", "value_clip_frac", "kl", "sampler_kl"):
+            assert key in m and np.isfinite(m[key]), (key, m)
+    assert int(trainer.value_state.step) == 6  # two critic epochs per step
+    # The critic regresses toward the returns: repeated updates on one batch reduce its loss.
+    examples = next(trainer.data)
+    host = trainer.generate(examples, jax.random.key(11))
+    rollout = trainer.rollout(host)
+    rewards = jnp.asarray(trainer.score(examples, host).result().total)
+    values = trainer.value_fn(trainer.value_state.params, *rollout.scoring_args())
+    adv, returns = ppo_advantages(trainer.rt.put(np.asarray(rewards)), rollout.mask, values,
+                                  None, jnp.float32(0.0), gamma=1.0, lam=0.95,
+                                  whiten_advantages=True)
+    batch = {**vars(rollout), "old_values": values, "returns": returns}
+    losses = []
+    for _ in range(5):
+        trainer.value_state, vm = trainer.value_update_fn(trainer.value_state, batch)
+        losses.append(float(vm["value_loss"]))
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("overrides", [
+    ("--config.rl.policy_loss_mode=gspo", "--config.rl.clip_ratio_c=3.0",
+     "--config.rl.tis_cap=2.0"),
+    ("--config.rl.policy_loss_mode=cispo", "--config.rl.epsilon_high=4.0",
+     "--config.rl.beta=0.05", "--config.rl.kl_in_reward=True"),
+])
+def test_loss_modes_run_in_the_loop(make_trainer, overrides):
+    trainer, _ = make_trainer(*overrides, weights={"_test_text_length": 1.0})
+    (m,) = run_steps(trainer, 1)
+    assert np.isfinite(m["loss"]) and "sampler_kl" in m
+    assert m["sampler_kl"] < 1e-3  # the sampler and the trainer score tokens alike
+    if trainer.rl.kl_in_reward:
+        assert "reward/kl_penalty" in m
+    if trainer.rl.clip_ratio_c:
+        assert "clip_frac_dual" in m

@@ -256,7 +256,7 @@ def test_value_params_layout_axes_and_sharding():
     assert shapes["kernel"].shape == (cfg.d_model, 1) and shapes["bias"].shape == (1,)
     mesh8 = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
     spec = value_param_shardings(cfg, mesh8, RULES)["head"]["kernel"].spec
-    assert spec == jax.sharding.PartitionSpec("fsdp", None)
+    assert spec == jax.sharding.PartitionSpec("fsdp")  # canonical: no trailing None
 
 
 def test_init_from_params_copies_trunk_without_aliasing(mesh1, policy):
