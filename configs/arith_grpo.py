@@ -149,6 +149,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.checkpoint.every_steps = 2 if smoke else 25  # save period (steps) in each phase
     c.checkpoint.max_to_keep = 2            # checkpoints kept per phase
 
+    c.guards = ml_collections.ConfigDict()
+    c.guards.max_consecutive_skips = 5      # stop after this many non-finite updates in a row
+
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True                # write tensorboard events under <workdir>/tb
     c.log.progress_bar = True               # tqdm-style bar per phase on the console

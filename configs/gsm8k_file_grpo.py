@@ -49,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.id_field = ""                    # source field of the id ("" = file-line)
     c.task.on_error = "raise"               # malformed records: raise | skip (and count)
     c.task.template = "plain"               # plain | r1 | boxed | a format string with {prompt}
-    c.task.prompt_buckets = (48, 64)        # word problems are longer than "What is a+b?"
+    c.task.prompt_buckets = (48, 80)        # word problems are longer than "What is a+b?"
     c.sft.num_examples = 64 if smoke else 400
     c.sft.steps = 4 if smoke else 300
     c.rl.steps = 2 if smoke else 100

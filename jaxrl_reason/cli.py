@@ -125,9 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, fv = parse(argv)
     # Imported after parsing so that `--help` and flag errors are instant.
     from jaxrl_reason import commands
+    from jaxrl_reason.reliability import GracefulStop, NumericError, Preempted
     try:
-        return getattr(commands, command)(fv)
-    except (ValueError, FileNotFoundError) as e:
+        with GracefulStop():  # SIGTERM/SIGINT: checkpoint at the next step, then exit 0
+            return getattr(commands, command)(fv)
+    except Preempted as e:
+        print(f"jaxrl-reason {command}: {e}", flush=True)
+        return 0
+    except (ValueError, FileNotFoundError, OSError, NumericError) as e:
         if os.environ.get("JAXRL_REASON_DEBUG"):
             raise  # the full traceback, for bugs rather than bad input
         sys.stderr.write(f"jaxrl-reason {command}: error: {e}\n")

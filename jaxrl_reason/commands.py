@@ -17,6 +17,10 @@ from jaxrl_reason import eval_runner
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.data.files import read_examples
+from jaxrl_reason.data.tasks import task_source
+from jaxrl_reason.models.params import abstract_params
+from jaxrl_reason.reliability import (Preempted, check_prompt_lengths, check_workdir,
+                                      stop_requested, tree_bytes)
 from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl.trainer import RLTrainer
@@ -42,11 +46,26 @@ def _prepare(fv):
                          f"continue that run or --workdir to start a new one")
     os.makedirs(workdir, exist_ok=True)
     rt = build_runtime(config, workdir)
+    _check_before_compiling(rt, workdir)
     writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
                            enabled=jax.process_index() == 0)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=1))
     return config, workdir, rt, writer
+
+
+def _check_before_compiling(rt, workdir: str) -> None:
+    """Disk room and writability of the workdir, and prompt lengths vs the buckets, before
+    any compilation (hours of training must not end in a full disk or a too-long prompt)."""
+    config = rt.config
+    params_bytes = tree_bytes(abstract_params(rt.model_cfg))
+    copies = 3 + (config.rl.beta > 0) + 3 * (config.rl.advantage_estimator == "gae")
+    check_workdir(workdir, copies * params_bytes, config.checkpoint.max_to_keep)
+    encode = lambda text: rt.tokenizer.encode(text, add_bos=True)  # noqa: E731
+    sets = {"training data": task_source(config, "train", config.task.train_levels, 512,
+                                         seed=config.seed)}
+    sets.update(eval_runner.eval_sets(config))
+    check_prompt_lengths(encode, sets, config.task.prompt_buckets)
 
 
 def _say(text: str) -> None:
@@ -85,6 +104,8 @@ def train(fv) -> int:
         params = run_sft(rt, writer, resume=fv.resume)
         start_name = "sft"
     timings["sft_s"] = time.time() - t0
+    if stop_requested():
+        raise Preempted("sft", config.sft.steps)
 
     # 2. Evaluate the starting point, 3. RL, 4. evaluate the result.
     reports_path = os.path.join(workdir, "eval.json")
@@ -96,7 +117,11 @@ def train(fv) -> int:
     if start_name not in reports:
         reports[start_name] = eval_runner.evaluate(rt, params, label=f"/{start_name}",
                                                    progress=config.log.progress_bar)
+        if jax.process_index() == 0:  # a resumed run does not evaluate this again
+            eval_runner.write_report(reports_path, {"reports": reports})
     timings["eval_before_s"] = time.time() - t0
+    if stop_requested():
+        raise Preempted("evaluation", 0)
 
     t0 = time.time()
     trainer = RLTrainer(rt, writer, init_params=params)

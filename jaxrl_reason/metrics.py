@@ -158,6 +158,33 @@ class MetricsWriter:
             print(f"[{phase}] {line}", file=sys.stdout, flush=True)
         return line
 
+    def truncate(self, phase: str, *, after_step: int) -> int:
+        """Drops the records of `phase` with step > `after_step` from metrics.jsonl (a run
+        resumed from a checkpoint at `after_step` logs those steps again). Returns how many
+        were dropped. The file is rewritten atomically (temp file + rename)."""
+        if not self.enabled or self._closed:
+            return 0
+        self._file.flush()
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.readlines()
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut off by a kill mid-write
+            if not (record.get("phase") == phase and record.get("step", 0) > after_step):
+                kept.append(line if line.endswith("\n") else line + "\n")
+        dropped = len(lines) - len(kept)
+        if dropped:
+            self._file.close()
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(tmp, self.path)
+            self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+        return dropped
+
     def flush(self) -> None:
         """Push buffered data to disk (the jsonl file is line-buffered already)."""
         if not self.enabled or self._closed:

@@ -18,6 +18,7 @@ from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
+from jaxrl_reason.reliability import Preempted, SkipGuard, apply_if_finite, stop_requested
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.data.tasks import task_source
 from jaxrl_reason.runtime import Runtime
@@ -96,9 +97,10 @@ def make_sft_step(model, optimizer):
 
     def step(state: TrainState, batch):
         grad_fn = jax.value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
-        (_, metrics), grads = grad_fn(state.params)
-        state, grad_norm = apply_gradients(state, grads, optimizer)
-        return state, {**metrics, "grad_norm": grad_norm}
+        (loss, metrics), grads = grad_fn(state.params)
+        new_state, grad_norm = apply_gradients(state, grads, optimizer)
+        state, ok = apply_if_finite(state, new_state, loss, grad_norm)
+        return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
     return jax.jit(step, donate_argnums=0)
 
@@ -124,25 +126,36 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
 
     ckpt = PhaseCheckpointer(rt, "sft")
     restored = ckpt.restore_latest(state) if resume else None
+    start = 0
     if restored is not None:
         state, meta = restored
         data.set_state(meta["data_iterator"])
-    start = int(state.step)
+        # The loop's step (skipped updates leave the optimizer's step count behind).
+        start = int(meta.get("step", int(state.step)))
     if start >= cfg.steps:
         return state.params
 
+    writer.truncate("sft", after_step=start)  # a resumed run rewrites the steps it redoes
     step_fn = make_sft_step(rt.model, optimizer)
+    guard = SkipGuard("sft", rt.config.guards.max_consecutive_skips)
     with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
         bar.update(start)
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.time()
-            batch = sft_batch(rt, next(data), cfg.max_completion_length, cfg.length_bucket)
+            examples = next(data)
+            batch = sft_batch(rt, examples, cfg.max_completion_length, cfg.length_bucket)
             state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
             metrics = {k: float(v) for k, v in metrics.items()}
             metrics["step_time_s"] = time.time() - t0
             writer.write(step, metrics, phase="sft")
             bar.update(1, format_line(step, metrics, keys=("loss", "grad_norm")))
-            if step % rt.config.checkpoint.every_steps == 0 or step == cfg.steps:
-                ckpt.save(step, state, data.get_state())
+            guard.update(step, metrics["update_skipped"] > 0, "non-finite loss or gradient",
+                         (e.get("id") for e in examples))
+            if step % rt.config.checkpoint.every_steps == 0 or step == cfg.steps \
+                    or stop_requested():
+                ckpt.save(step, state, data.get_state(), extra_meta={"step": step})
+            if stop_requested() and step < cfg.steps:
+                ckpt.close()
+                raise Preempted("sft", step)
     ckpt.close()
     return state.params

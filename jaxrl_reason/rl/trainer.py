@@ -34,6 +34,7 @@ from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
+from jaxrl_reason.reliability import Preempted, SkipGuard, apply_if_finite, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.rl.advantages import group_advantages, group_stats
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty, policy_loss
@@ -205,8 +206,11 @@ def make_update_fn(model, optimizer, rl):
 
     def update(state: TrainState, batch):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-        state, grad_norm = apply_gradients(state, grads, optimizer)
-        return state, {**metrics, "loss": loss, "grad_norm": grad_norm}
+        new_state, grad_norm = apply_gradients(state, grads, optimizer)
+        # A non-finite loss or gradient leaves weights and optimizer state untouched.
+        state, ok = apply_if_finite(state, new_state, loss, grad_norm)
+        return state, {**metrics, "loss": loss, "grad_norm": grad_norm,
+                       "update_skipped": 1.0 - ok}
 
     return jax.jit(update, donate_argnums=0)
 
@@ -246,6 +250,7 @@ class RLTrainer:
         self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0 and not self.gae
         self.value_state = None
         self.step_count = 0  # RL steps taken by this trainer (restored with the state)
+        self.skipped_batch = None  # (why, example ids) when `step` skipped its update
         if self.gae:  # PPO's critic, before the first update donates `init_params`
             self._init_critic(init_params, ref_params)
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature)
@@ -283,7 +288,7 @@ class RLTrainer:
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra(),
-                       extra_meta={"beta": self.beta})
+                       extra_meta={"beta": self.beta, "step": step})
 
     def restore(self) -> bool:
         """Continues from the newest complete RL checkpoint; False when there is none."""
@@ -291,7 +296,8 @@ class RLTrainer:
         if restored is None:
             return False
         self.state, meta, extra = restored
-        self.step_count = int(self.state.step) // self.rl.num_iterations
+        # The loop's step (skipped updates leave the optimizer's step count behind).
+        self.step_count = int(meta.get("step", int(self.state.step) // self.rl.num_iterations))
         self.data.set_state(meta["data_iterator"])
         self.beta = float(meta.get("beta", self.rl.beta))
         self.rng = jax.random.wrap_key_data(extra["rng"])
@@ -422,6 +428,14 @@ class RLTrainer:
         t0 = time.time()
         train_lengths = self.train_lengths(host)
         num_rows = train_rows = len(train_lengths)
+        nonfinite = sum(n for reason, n in rewards.reasons.items()
+                        if reason.endswith("/nonfinite"))
+        if nonfinite >= num_rows:  # every reward NaN/inf: nothing to learn from, skip
+            times["time/train_s"] = time.time() - t0
+            self.skipped_batch = ("every reward non-finite", [e.get("id") for e in examples])
+            self.step_count += 1
+            return {"update_skipped": 1.0, **self._rollout_metrics(rewards, host),
+                    **ds_metrics, **times}
         if rollout is None and (self.gae or not self.skip_rows):
             rollout = self.rollout(host)
         seq_rewards, extra_metrics = rewards.total, {}
@@ -526,16 +540,28 @@ class RLTrainer:
         rl, cfg = self.rl, self.rt.config
         if resume:
             self.restore()
-        start = int(self.state.step) // rl.num_iterations
+        start = self.step_count
+        self.writer.truncate("rl", after_step=start)  # a resumed run rewrites these steps
+        guard = SkipGuard("rl", cfg.guards.max_consecutive_skips)
         with ProgressBar(rl.steps, f"rl/{rl.algorithm}", enabled=cfg.log.progress_bar) as bar:
             bar.update(start)
             for step in range(start + 1, rl.steps + 1):
-                metrics = self.step(next(self.data))
+                examples = next(self.data)
+                self.skipped_batch = None
+                metrics = self.step(examples)
                 self.writer.write(step, metrics, phase="rl")
                 bar.update(1, format_line(step, metrics, keys=("reward/mean", "accuracy", "kl",
                                                                "completion/length_mean")))
-                if step % cfg.checkpoint.every_steps == 0 or step == rl.steps:
+                why, ids = self.skipped_batch or ("non-finite loss or gradient",
+                                                  [e.get("id") for e in examples])
+                guard.update(step, metrics.get("update_skipped", 0) > 0, why, ids)
+                if step % cfg.checkpoint.every_steps == 0 or step == rl.steps \
+                        or stop_requested():
                     self.save(step)
+                if stop_requested() and step < rl.steps:
+                    self.rewards.close()
+                    self.ckpt.close()
+                    raise Preempted("rl", step)
         self.rewards.close()
         self.ckpt.close()
         return self.state.params

@@ -1,0 +1,176 @@
+"""Run guards: graceful stop on SIGTERM/SIGINT, non-finite update skipping, start-up checks.
+
+- `GracefulStop`: while installed, SIGTERM (spot-TPU preemption, `kill`) and the first
+  SIGINT (Ctrl-C) only set a flag; the training loops check it at every step boundary,
+  save a checkpoint and raise `Preempted`, which the CLI turns into exit code 0. A second
+  SIGINT interrupts at once (KeyboardInterrupt).
+- `apply_if_finite`: one optimizer update that leaves params and optimizer state untouched
+  when the loss or the gradient norm is not finite (inside jit, no host sync).
+- `SkipGuard`: counts consecutive skipped updates on the host, logs each with the batch's
+  example ids, and stops the run with a clear message after `max_consecutive` in a row.
+- `check_workdir`, `check_prompt_lengths`: problems found before anything is compiled
+  (an unwritable or full disk, a prompt longer than every bucket).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+_log = logging.getLogger(__name__)
+
+
+class Preempted(Exception):
+    """The run stopped at a step boundary after SIGTERM/SIGINT, with a checkpoint saved."""
+
+    def __init__(self, phase: str, step: int):
+        super().__init__(f"stopped by signal in phase {phase!r} after step {step}; a "
+                         f"checkpoint was saved: continue with --resume")
+        self.phase, self.step = phase, step
+
+
+class NumericError(RuntimeError):
+    """Too many consecutive non-finite updates or reward batches."""
+
+
+class GracefulStop:
+    """Context manager installing the SIGTERM/SIGINT handlers (main thread only; elsewhere,
+    e.g. in a notebook worker thread, it does nothing)."""
+
+    _requested = threading.Event()
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    @classmethod
+    def requested(cls) -> bool:
+        """Whether a stop signal arrived (since the last `reset`)."""
+        return cls._requested.is_set()
+
+    @classmethod
+    def reset(cls) -> None:
+        cls._requested.clear()
+
+    @classmethod
+    def request(cls) -> None:
+        """Ask for a stop at the next step boundary (what the signal handler does)."""
+        cls._requested.set()
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested():
+            raise KeyboardInterrupt
+        _log.warning("signal %d: saving a checkpoint at the next step boundary", signum)
+        print(f"[signal] {signal.Signals(signum).name}: stopping at the next step boundary "
+              "(checkpoint, then exit 0); Ctrl-C again to interrupt now", flush=True)
+        self.request()
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def stop_requested() -> bool:
+    """Whether the loops should checkpoint and stop now."""
+    return GracefulStop.requested()
+
+
+# ----------------------------------------------------------------------- numeric guards
+
+
+def apply_if_finite(old_state, new_state, loss, grad_norm):
+    """(state, ok): `new_state` when loss and grad_norm are finite, else `old_state` (every
+    leaf: params, optimizer state, step). Call inside jit; `ok` is a bool scalar."""
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, old_state)
+    return state, ok
+
+
+class SkipGuard:
+    """Host-side count of consecutive skipped steps.
+
+    Args:
+      phase: name for messages ("sft", "rl").
+      max_consecutive: stop after this many skips in a row (>= 1).
+    """
+
+    def __init__(self, phase: str, max_consecutive: int):
+        self.phase, self.max_consecutive = phase, int(max_consecutive)
+        self.consecutive = 0
+        self.total = 0
+
+    def update(self, step: int, skipped: bool, why: str, example_ids: Iterable[Any]) -> None:
+        """Record one step; raises NumericError after `max_consecutive` skips in a row."""
+        if not skipped:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        self.total += 1
+        ids = list(example_ids)
+        shown = ", ".join(map(str, ids[:8])) + (" ..." if len(ids) > 8 else "")
+        message = (f"[{self.phase}] step {step}: update skipped ({why}); weights and optimizer "
+                   f"state unchanged; batch examples: {shown}")
+        _log.warning(message)
+        print(message, flush=True)
+        if self.consecutive >= self.max_consecutive:
+            raise NumericError(
+                f"{self.phase}: {self.consecutive} consecutive steps skipped (last: {why} at "
+                f"step {step}); stopping. Lower the learning rate, check the data of the "
+                f"logged examples, or resume from the last checkpoint")
+
+
+# ---------------------------------------------------------------------- start-up checks
+
+
+def tree_bytes(tree) -> int:
+    """Total bytes of the arrays (or ShapeDtypeStructs) in a pytree."""
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def check_workdir(workdir: str, checkpoint_bytes: int, max_to_keep: int,
+                  phases: int = 2) -> None:
+    """Raises OSError naming `workdir` when it cannot be written or its disk lacks room for
+    `phases * (max_to_keep + 1)` checkpoints of `checkpoint_bytes` (plus 10%)."""
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_probe")
+    try:
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise OSError(f"workdir {workdir!r} is not writable: {e}") from e
+    need = int(1.1 * phases * (max_to_keep + 1) * checkpoint_bytes)
+    free = shutil.disk_usage(workdir).free
+    if free < need:
+        raise OSError(f"workdir {workdir!r}: {free / 2**20:.0f} MiB free on its disk, but the "
+                      f"run's checkpoints need about {need / 2**20:.0f} MiB ({phases} phases x "
+                      f"{max_to_keep + 1} checkpoints x {checkpoint_bytes / 2**20:.1f} MiB)")
+
+
+def check_prompt_lengths(encode, sets: Mapping[str, Sequence[Mapping]], buckets: Sequence[int],
+                         limit: int = 512) -> None:
+    """Raises ValueError naming the set and example whose prompt (tokens from `encode(text)`)
+    is longer than the largest of `buckets`; checks the first `limit` examples of each set."""
+    largest = max(buckets)
+    for name, source in sets.items():
+        for i in range(min(limit, len(source))):
+            example = source[i]
+            n = len(encode(example["prompt"]))
+            if n > largest:
+                raise ValueError(
+                    f"{name}: prompt of example {example.get('id', i)!r} has {n} tokens, "
+                    f"longer than the largest bucket in task.prompt_buckets={tuple(buckets)}")
