@@ -12,11 +12,32 @@ Built on `orbax.checkpoint.CheckpointManager`. One step directory holds two orba
 
 After orbax has finalized a step (its directory renamed into place / committed), the
 primary process writes our own manifest ``<directory>/<step>/jaxrl_manifest.json`` with
-the step, every array's path, shape and dtype, and a SHA-256 of the metadata. A step
-without a valid manifest (a save killed before it finished) is invisible to
+the step, every array's path, shape and dtype, a SHA-256 of the metadata and (format 2)
+the relative path, size and SHA-256 of every file of the step directory but the manifest
+itself. A step without a valid manifest (a save killed before it finished) is invisible to
 `latest_step`, `all_steps` and `restore`. With ``async_save=True`` the manifest of a step is
 written at the next `save`, `wait_until_finished` or `close`, so a process killed before
 then resumes from the step before (never from a half-written one).
+
+Damaged checkpoints. `verify(step)` re-hashes a step's files against its manifest (a
+missing, truncated, tampered or unexpected file is a problem; unexpected files count only
+inside the orbax item directories ``state/`` and ``metadata/``, where orbax could read
+them, not next to them, e.g. a user's notes). `restore()` without a step tries the newest
+step first; when its files, its metadata checksum or orbax's own restore fail, it logs a
+warning naming the step directory and the problem and falls back to the next older step
+(`last_restored_step` / `last_skipped` tell which). With an explicit step it raises
+`CheckpointCorruptError` instead. A damaged step is never deleted or rewritten: a later
+`save` at the same step renames it to ``<step>.corrupt`` (kept for inspection), a save at a
+higher step leaves it in place, and orbax's max_to_keep retention treats it like any step.
+Manifests of format 1 (no file list, written by older versions) are still read: those steps
+are valid but their files unverified (orbax's restore and the metadata checksum still
+apply). `latest_step`/`all_steps` only read manifests (no hashing).
+
+Multi-host: the checkpoint directory must be storage every process sees (as orbax needs).
+Only the primary process writes the manifest and hashes files (at save and at verify);
+the other processes follow its verdict, and all processes agree on the step a fallback
+restores. On storage that is not shared, the file list would only cover what the primary
+can see.
 
 RNG keys: typed key arrays are not saved directly. Pass ``jax.random.key_data(key)`` (a
 uint32 array, e.g. shape [2] for threefry) in the state and rebuild the key after restore
@@ -27,7 +48,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
+import re
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -38,11 +62,39 @@ from etils import epath
 PyTree = Any
 
 MANIFEST_NAME = "jaxrl_manifest.json"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: + "files" [{"path", "size", "sha256"}]; 1 is still read
+_READ_FORMATS = (1, 2)
+_HASH_CHUNK = 1 << 20
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_MAX_REASON_CHARS = 400
 _STATE_ITEM = "state"
 _METADATA_ITEM = "metadata"
 _BYTES_TAG = "__bytes_base64__"
 _PRIMARY_HOST = 0
+_ITEMS = (_STATE_ITEM, _METADATA_ITEM)
+
+_log = logging.getLogger(__name__)
+
+
+class _Damaged(Exception):
+    """Internal: a step failed a check; `problems` says why."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint step (or every step tried) failed verification or restore.
+
+    Attributes:
+        directory: the checkpoint root directory.
+        problems: {step: [problem, ...]} for every step tried, newest first.
+    """
+
+    def __init__(self, message: str, directory, problems: dict[int, list[str]]):
+        super().__init__(message)
+        self.directory, self.problems = directory, problems
 
 
 # ---------------------------------------------------------------- pytrees and metadata
@@ -175,11 +227,33 @@ def _read_manifest(step_dir: epath.Path, step: int) -> dict | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("step") != step:
         return None
-    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("arrays"), list):
+    if manifest.get("format") not in _READ_FORMATS or not isinstance(manifest.get("arrays"),
+                                                                      list):
         return None
     if not isinstance(manifest.get("metadata_sha256"), str):
         return None
+    if manifest["format"] >= 2 and not _valid_file_entries(manifest.get("files")):
+        return None
     return manifest
+
+
+def _valid_file_entries(files) -> bool:
+    """Whether `files` is a list of {"path": relative posix path, "size", "sha256"}."""
+    if not isinstance(files, list):
+        return False
+    for e in files:
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str):
+            return False
+        parts = e["path"].split("/")
+        if (e["path"].startswith("/") or any(p in ("", ".", "..") for p in parts)
+                or parts == [MANIFEST_NAME]):
+            return False
+        size = e.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return False
+        if not isinstance(e.get("sha256"), str) or not _SHA256_RE.fullmatch(e["sha256"]):
+            return False
+    return True
 
 
 def _write_manifest(step_dir: epath.Path, manifest: dict) -> None:
@@ -187,6 +261,91 @@ def _write_manifest(step_dir: epath.Path, manifest: dict) -> None:
     tmp = step_dir / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.rename(step_dir / MANIFEST_NAME)
+
+
+def _step_files(step_dir: epath.Path) -> dict[str, epath.Path]:
+    """{relative posix path: path} of every file under `step_dir` but our manifest (and its
+    temporary), sorted by path."""
+    found: dict[str, epath.Path] = {}
+
+    def walk(d: epath.Path, prefix: str) -> None:
+        for child in d.iterdir():
+            rel = prefix + child.name
+            if child.is_dir():
+                walk(child, rel + "/")
+            elif rel not in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
+                found[rel] = child
+
+    walk(step_dir, "")
+    return dict(sorted(found.items()))
+
+
+def _hash_file(path: epath.Path) -> tuple[int, str]:
+    """(size in bytes, SHA-256 hex digest), read in 1 MiB chunks."""
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _file_entries(step_dir: epath.Path) -> list[dict]:
+    """[{"path", "size", "sha256"}] of every file of a finalized step directory."""
+    entries = []
+    for rel, path in _step_files(step_dir).items():
+        size, sha = _hash_file(path)
+        entries.append({"path": rel, "size": size, "sha256": sha})
+    return entries
+
+
+def _verify_files(step_dir: epath.Path, manifest: dict,
+                  items: Sequence[str] | None = None) -> list[str]:
+    """Problems of the files of a step directory against its manifest (format 2).
+
+    With `items`, only files at the top of the step directory and under those item
+    directories are checked. Files the manifest does not list are problems only inside an
+    orbax item directory (orbax could read them); elsewhere they are ignored.
+    """
+    def wanted(rel: str) -> bool:
+        return items is None or "/" not in rel or rel.split("/", 1)[0] in items
+
+    try:
+        present = _step_files(step_dir)
+    except OSError as e:
+        return [f"cannot list the files: {_short(e)}"]
+    problems = []
+    expected = {e["path"]: e for e in manifest["files"] if wanted(e["path"])}
+    for rel, entry in expected.items():
+        path = present.get(rel)
+        if path is None:
+            problems.append(f"{rel}: missing (expected {entry['size']} bytes)")
+            continue
+        try:
+            size = path.stat().length
+            if size != entry["size"]:
+                kind = "truncated" if size < entry["size"] else "grown"
+                problems.append(f"{rel}: {size} bytes, expected {entry['size']} ({kind})")
+                continue
+            size, sha = _hash_file(path)
+        except OSError as e:
+            problems.append(f"{rel}: cannot be read: {_short(e)}")
+            continue
+        if size != entry["size"]:
+            problems.append(f"{rel}: {size} bytes read, expected {entry['size']}")
+        elif sha != entry["sha256"]:
+            problems.append(f"{rel}: content does not match its SHA-256 in {MANIFEST_NAME} "
+                            "(modified or corrupted)")
+    for rel in present:
+        if rel not in expected and "/" in rel and rel.split("/", 1)[0] in _ITEMS and wanted(rel):
+            problems.append(f"{rel}: unexpected file (not in {MANIFEST_NAME})")
+    return problems
+
+
+def _short(e: BaseException) -> str:
+    """A one-line, bounded description of an exception."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= _MAX_REASON_CHARS else text[:_MAX_REASON_CHARS] + " ..."
 
 
 def _compare_to_manifest(manifest: dict, abstract: PyTree, where: str,
@@ -249,6 +408,13 @@ class Checkpointer:
         # Steps left without a manifest by an earlier run (killed mid-save). Computed once, so
         # every process agrees on it; `save` moves those in its way aside.
         self._stale_steps: set[int] = set()
+        # Steps this checkpointer found damaged (the same on every process); a `save` at or
+        # before one of them moves it aside to '<step>.corrupt' (never deletes it).
+        self._bad_steps: dict[int, list[str]] = {}
+        self.last_restored_step: int | None = None
+        """The step the last successful `restore`, `metadata` or `latest_good_step` read."""
+        self.last_skipped: dict[int, list[str]] = {}
+        """Damaged steps that call skipped (newest first): {step: [problem, ...]}."""
         if self._directory.exists():
             mngr = self._manager()
             self._stale_steps = {s for s in mngr.all_steps() if self._manifest(s) is None}
@@ -269,9 +435,61 @@ class Checkpointer:
         return sorted(s for s in mngr.all_steps() if self._manifest(s) is not None)
 
     def latest_step(self) -> int | None:
-        """The newest complete step (see `all_steps`), or None when there is none."""
+        """The newest complete step (see `all_steps`), or None when there is none.
+
+        Cheap: reads manifests only. The step's files may still be damaged; `restore()`
+        finds out and falls back, `latest_good_step()` checks them.
+        """
         steps = self.all_steps()
         return steps[-1] if steps else None
+
+    @property
+    def bad_steps(self) -> dict[int, list[str]]:
+        """Steps found damaged so far by this checkpointer: {step: [problem, ...]}."""
+        return dict(self._bad_steps)
+
+    def verify(self, step: int, *, items: Sequence[str] | None = None) -> list[str]:
+        """Checks the files of a step directory against its manifest.
+
+        Reads and hashes every file (about the cost of reading the checkpoint), on the
+        calling process only (no cross-process synchronization).
+
+        Args:
+            step: the step to check.
+            items: only check the files of these orbax items ("state", "metadata") and the
+                files at the top of the step directory; None = all files.
+
+        Returns:
+            The problems, one string each naming the file relative to the step directory
+            (missing, truncated/grown, content not matching its SHA-256, an unexpected file
+            inside an item directory, unreadable), or naming a missing/invalid manifest;
+            [] when the step is intact. Steps with a format-1 manifest (no file list) have
+            nothing to check and give []. Nothing is ever written or deleted.
+        """
+        step_dir = self._step_dir(step)
+        if not step_dir.exists():
+            return [f"step directory {step_dir} does not exist"]
+        manifest = self._manifest(step)
+        if manifest is None:
+            return [self._manifest_problem(step)]
+        if manifest["format"] < 2:
+            return []
+        return _verify_files(step_dir, manifest, items)
+
+    def latest_good_step(self) -> int | None:
+        """The newest complete step whose files and metadata verify, or None.
+
+        Hashes the files of every step it tries; damaged newer steps are logged as warnings
+        and listed in `last_skipped`. Call it on every process (it agrees across them).
+        Arrays are not restored (a step with a format-1 manifest may still fail in
+        `restore`, which then falls back on its own).
+        """
+        if not self.all_steps():
+            return None
+        try:
+            return self._first_good(None, lambda s: self._check_step(s, None))[0]
+        except CheckpointCorruptError:
+            return None
 
     # ---------------------------------------------------------------- save
 
@@ -279,7 +497,10 @@ class Checkpointer:
         """Saves `state` and `metadata` as `step`.
 
         Args:
-            step: int >= 0, greater than every step already in the directory.
+            step: int >= 0, greater than every step already in the directory. Steps at or
+                after it that this checkpointer found damaged (in `restore`, `metadata`,
+                `latest_good_step`) or without a manifest are first renamed aside to
+                '<step>.corrupt' / '<step>.incomplete' (kept, never deleted).
             state: pytree of jax.Arrays (possibly sharded over a Mesh), numpy arrays and scalars,
                 e.g. {"params", "opt_state", "rng": key_data uint32 array, "step": int32 []}.
             metadata: JSON-like dict (see `encode_metadata`; bytes are allowed).
@@ -305,7 +526,7 @@ class Checkpointer:
 
         mngr = self._manager()
         self._flush_manifests(block=False)
-        self._move_stale_steps(at_or_after=step)
+        self._move_aside(at_or_after=step)
         latest = max(mngr.all_steps(), default=None)
         if latest is not None and (step < latest or (step == latest and force)):
             raise ValueError(
@@ -325,37 +546,54 @@ class Checkpointer:
                 self._barrier(f"saved_{step}")
         return saved
 
-    def _move_stale_steps(self, at_or_after: int) -> None:
-        """Renames stale manifest-less steps >= `at_or_after` to '<step>.incomplete[-n]'."""
-        stale = sorted(s for s in self._stale_steps if s >= at_or_after)
-        if not stale:
+    def _move_aside(self, at_or_after: int) -> None:
+        """Renames steps >= `at_or_after` that are in the way of a save, keeping them: stale
+        manifest-less steps to '<step>.incomplete[-n]', damaged ones to '<step>.corrupt[-n]'."""
+        moves = sorted([(s, "incomplete") for s in self._stale_steps if s >= at_or_after]
+                       + [(s, "corrupt") for s in self._bad_steps if s >= at_or_after])
+        if not moves:
             return
         if ocp.multihost.is_primary_host(_PRIMARY_HOST):
-            for s in stale:
+            for s, suffix in moves:
                 src = self._step_dir(s)
                 if src.exists():
-                    dst = self._directory / f"{s}.incomplete"
+                    dst = self._directory / f"{s}.{suffix}"
                     n = 1
                     while dst.exists():
-                        dst, n = self._directory / f"{s}.incomplete-{n}", n + 1
+                        dst, n = self._directory / f"{s}.{suffix}-{n}", n + 1
                     src.rename(dst)
-        self._stale_steps -= set(stale)
-        self._barrier("moved_stale")
+                    if suffix == "corrupt":
+                        _log.warning("checkpoint: moved damaged step %d to %s (kept for "
+                                     "inspection) to save step %d", s, dst, at_or_after)
+        for s, _ in moves:
+            self._stale_steps.discard(s)
+            self._bad_steps.pop(s, None)
+        self._barrier("moved_aside")
         self._manager().reload()
 
     # ---------------------------------------------------------------- restore
 
-    def restore(self, step: int | None = None, *, abstract_state: PyTree,
+    def restore(self, step: int | None = None, *, abstract_state: PyTree | None = None,
+                abstract_state_fn: Callable[[dict], PyTree] | None = None,
                 partial: bool = False) -> tuple[PyTree, dict]:
         """Restores a step: arrays go straight into the shardings of `abstract_state`.
 
+        Before reading arrays, the step's files are checked against its manifest (see
+        `verify`) and its metadata against its checksum (on multi-host: call it on every
+        process; the primary hashes, all agree on the step). Without `step`, a damaged step
+        (those checks or orbax's restore fail) is logged as a warning naming its directory
+        and problems, and the next older complete step is tried; `last_restored_step` then
+        tells which step was restored and `last_skipped` which were skipped and why.
+
         Args:
-            step: the step to restore; None = `latest_step()`.
+            step: the step to restore; None = the newest complete step that is not damaged.
             abstract_state: the target tree, e.g. `abstract_like(live_state)`: leaves are
                 `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(...))` (restored as
                 jax.Arrays with that sharding, which need not be the one used at save time) or
                 without sharding (restored as numpy arrays); live arrays are also accepted. Same
                 paths and shapes as the saved state; a different dtype casts on restore.
+            abstract_state_fn: instead of `abstract_state`, a function of the step's decoded
+                metadata returning it (e.g. built from a saved model config).
             partial: `abstract_state` names a subset of the saved tree (e.g. only the params
                 of a training state); only that subset is read.
 
@@ -366,9 +604,91 @@ class Checkpointer:
         Raises:
             FileNotFoundError: the directory does not exist, holds no complete step, or `step`
                 is not one of its complete steps (the message lists the available steps).
-            ValueError: `abstract_state` does not match the saved arrays, or the metadata does
-                not match its checksum. Nothing is ever deleted or written by a failed restore.
+            CheckpointCorruptError (a ValueError): the given `step`, or without `step` every
+                complete step, is damaged; the message names each step directory and problem.
+            ValueError: `abstract_state` does not match the saved arrays (no fallback: that
+                is a wrong target, not a damaged checkpoint). Nothing is ever deleted or
+                written by a restore.
         """
+        if (abstract_state is None) == (abstract_state_fn is None):
+            raise TypeError("pass exactly one of abstract_state and abstract_state_fn")
+        make_target = abstract_state_fn or (lambda _: abstract_state)
+
+        def attempt(s: int):
+            manifest, encoded = self._check_step(s, None)
+            abstract = abstract_like(make_target(decode_metadata(encoded)))
+            _compare_to_manifest(manifest, abstract, f"{self._step_dir(s)}", partial)
+            state_args = (ocp.args.PyTreeRestore(
+                abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                partial_restore=True) if partial else ocp.args.StandardRestore(abstract))
+            problems, restored = [], None
+            try:
+                restored = self._manager().restore(
+                    s, args=ocp.args.Composite(**{_STATE_ITEM: state_args}))[_STATE_ITEM]
+            except Exception as e:  # noqa: BLE001 (any orbax/TensorStore read error)
+                problems = [f"{_STATE_ITEM}/: orbax could not restore it: {_short(e)}"]
+            self._raise_if_damaged(problems)
+            return restored, decode_metadata(encoded)
+
+        _, (state, metadata) = self._first_good(step, attempt)
+        return state, metadata
+
+    def metadata(self, step: int | None = None) -> dict:
+        """The JSON metadata of a complete step, without reading arrays.
+
+        The step's metadata files are checked against its manifest and checksum. Without
+        `step`, the newest complete step whose metadata is intact (its arrays are not
+        checked); damaged newer ones are logged and skipped as in `restore`. Call it on every
+        process (it agrees across them).
+
+        Raises:
+            FileNotFoundError: no complete step, or `step` is not one.
+            CheckpointCorruptError: the metadata of `step` (or of every step) is damaged.
+        """
+        _, (_, encoded) = self._first_good(
+            step, lambda s: self._check_step(s, (_METADATA_ITEM,)))
+        return decode_metadata(encoded)
+
+    def _check_step(self, step: int, items: Sequence[str] | None) -> tuple[dict, dict]:
+        """(manifest, encoded metadata) of a step whose files (of `items`) and metadata
+        checksum are intact; raises _Damaged otherwise. Collective on multi-host: the
+        primary hashes the files, every process reads the metadata, all agree."""
+        primary = ocp.multihost.is_primary_host(_PRIMARY_HOST)
+        self._raise_if_damaged(self.verify(step, items=items) if primary else [])
+        manifest = self._manifest(step)
+        problems, encoded = [], None
+        try:
+            encoded = self._manager().restore(
+                step, args=ocp.args.Composite(**{_METADATA_ITEM: ocp.args.JsonRestore()})
+            )[_METADATA_ITEM]
+        except Exception as e:  # noqa: BLE001 (bad JSON, missing file, orbax errors)
+            problems = [f"{_METADATA_ITEM}/: orbax could not read it: {_short(e)}"]
+        else:
+            if manifest is None:
+                problems = [self._manifest_problem(step)]
+            elif not isinstance(encoded, dict):
+                problems = [f"{_METADATA_ITEM}/: holds a {type(encoded).__name__}, not a dict"]
+            elif metadata_checksum(encoded) != manifest["metadata_sha256"]:
+                problems = [f"{_METADATA_ITEM}/: does not match the metadata checksum in "
+                            f"{MANIFEST_NAME} (modified or corrupted)"]
+        self._raise_if_damaged(problems)
+        return manifest, encoded
+
+    def _raise_if_damaged(self, problems: list[str]) -> None:
+        """Raises _Damaged when `problems` is non-empty on any process (all processes call
+        this at the same points; with one process it is local)."""
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            flags = np.asarray(multihost_utils.process_allgather(np.int32(bool(problems))))
+            bad = [int(i) for i in np.flatnonzero(flags.reshape(-1))]
+            if bad and not problems:
+                problems = [f"damaged according to process(es) {bad} (see their log)"]
+        if problems:
+            raise _Damaged(problems)
+
+    def _first_good(self, step: int | None, attempt: Callable[[int], Any]) -> tuple[int, Any]:
+        """(step, attempt(step)) for the given step, or without one for the newest complete
+        step whose attempt does not raise _Damaged; logs and records the damaged ones."""
         if not self._directory.exists():
             raise FileNotFoundError(f"checkpoint directory {self._directory} does not exist")
         available = self.all_steps()
@@ -377,43 +697,44 @@ class Checkpointer:
                 raise FileNotFoundError(
                     f"no complete checkpoint in {self._directory} (steps without a valid "
                     f"{MANIFEST_NAME}: {self._incomplete_steps()})")
-            step = available[-1]
-        if step not in available:
-            why = ("it has no valid " + MANIFEST_NAME + " (the save did not finish)"
-                   if self._step_dir(step).exists() else "it does not exist")
+            candidates = available[::-1]
+            ignored = [s for s in self._incomplete_steps() if s > available[-1]]
+            for s in ignored:
+                _log.warning("checkpoint: ignoring step %d at %s: %s (a save that did not "
+                             "finish, or a damaged manifest)", s, self._step_dir(s),
+                             self._manifest_problem(s))
+        elif step in available:
+            candidates = [step]
+        else:
+            why = (self._manifest_problem(step) + ": its save did not finish, or the "
+                   "manifest was damaged" if self._step_dir(step).exists()
+                   else "it does not exist")
             raise FileNotFoundError(
                 f"cannot restore step {step} from {self._directory}: {why}; "
                 f"available steps: {available}")
-        manifest = self._manifest(step)
-        abstract = abstract_like(abstract_state)
-        _compare_to_manifest(manifest, abstract, f"{self._step_dir(step)}", partial)
-        state_args = (ocp.args.PyTreeRestore(
-            abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-            partial_restore=True) if partial else ocp.args.StandardRestore(abstract))
-        items = {_STATE_ITEM: state_args,
-                 _METADATA_ITEM: ocp.args.JsonRestore()}
-        restored = self._manager().restore(step, args=ocp.args.Composite(**items))
-        encoded = restored[_METADATA_ITEM]
-        if metadata_checksum(encoded) != manifest["metadata_sha256"]:
-            raise ValueError(
-                f"metadata of step {step} in {self._step_dir(step)} does not match the checksum "
-                f"in its {MANIFEST_NAME}; the checkpoint is corrupted")
-        return restored[_STATE_ITEM], decode_metadata(encoded)
-
-    def metadata(self, step: int | None = None) -> dict:
-        """The JSON metadata of a complete step (None = latest), without reading arrays."""
-        available = self.all_steps()
-        step = available[-1] if step is None and available else step
-        if step not in available:
-            raise FileNotFoundError(
-                f"no complete step {step} in {self._directory}; available steps: {available}")
-        encoded = self._manager().restore(
-            step, args=ocp.args.Composite(**{_METADATA_ITEM: ocp.args.JsonRestore()}))
-        encoded = encoded[_METADATA_ITEM]
-        if metadata_checksum(encoded) != self._manifest(step)["metadata_sha256"]:
-            raise ValueError(f"metadata of step {step} in {self._step_dir(step)} does not match "
-                             f"the checksum in its {MANIFEST_NAME}; the checkpoint is corrupted")
-        return decode_metadata(encoded)
+        skipped: dict[int, list[str]] = {}
+        for i, s in enumerate(candidates):
+            try:
+                result = attempt(s)
+            except _Damaged as e:
+                skipped[s] = self._bad_steps[s] = e.problems
+                if step is not None:
+                    raise CheckpointCorruptError(
+                        f"checkpoint step {s} at {self._step_dir(s)} is damaged: "
+                        + "; ".join(e.problems), self._directory, skipped) from None
+                nxt = (f"falling back to step {candidates[i + 1]}" if i + 1 < len(candidates)
+                       else "no older step left")
+                _log.warning("checkpoint: step %d at %s is damaged (kept in place): %s; %s",
+                             s, self._step_dir(s), "; ".join(e.problems), nxt)
+                continue
+            self.last_restored_step, self.last_skipped = s, skipped
+            return s, result
+        lines = "\n".join(f"  step {s} at {self._step_dir(s)}: {'; '.join(p)}"
+                          for s, p in skipped.items())
+        raise CheckpointCorruptError(
+            f"no usable checkpoint in {self._directory}: all {len(skipped)} complete steps "
+            f"are damaged (left in place for inspection; move them away to start over):\n"
+            f"{lines}", self._directory, skipped)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -455,6 +776,12 @@ class Checkpointer:
     def _manifest(self, step: int) -> dict | None:
         return _read_manifest(self._step_dir(step), step)
 
+    def _manifest_problem(self, step: int) -> str:
+        """Why a step has no valid manifest (for messages)."""
+        if (self._step_dir(step) / MANIFEST_NAME).exists():
+            return f"it has no valid {MANIFEST_NAME} (the file is unreadable or inconsistent)"
+        return f"it has no valid {MANIFEST_NAME} (the file is missing)"
+
     def _incomplete_steps(self) -> list[int]:
         mngr = self._manager(create=False)
         if mngr is None:
@@ -481,6 +808,8 @@ class Checkpointer:
             manifest = self._pending.pop(s)
             if (s in finalized and ocp.multihost.is_primary_host(_PRIMARY_HOST)
                     and self._step_dir(s).exists()):
+                # Orbax has finalized the step: its files no longer change.
+                manifest["files"] = _file_entries(self._step_dir(s))
                 _write_manifest(self._step_dir(s), manifest)
 
     def _barrier(self, name: str) -> None:

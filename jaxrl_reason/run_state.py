@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any
 
 import jax
@@ -57,6 +58,7 @@ class PhaseCheckpointer:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         self.rt, self.phase = rt, phase
+        self.restored_step: int | None = None
         self.ckpt = Checkpointer(phase_dir(rt.workdir, phase),
                                  max_to_keep=rt.config.checkpoint.max_to_keep)
 
@@ -78,16 +80,20 @@ class PhaseCheckpointer:
         self.ckpt.wait_until_finished()
 
     def restore_latest(self, template: TrainState, extra: dict | None = None):
-        """(state, metadata[, extra]) from the newest complete step, or None if there is none.
+        """(state, metadata[, extra]) from the newest complete step that is not damaged, or
+        None if there is no complete step.
 
-        `template` (and `extra`) give the structure, shapes and target shardings.
+        `template` (and `extra`) give the structure, shapes and target shardings. Damaged
+        newer steps are skipped (and reported); `restored_step` is the step used. Raises
+        CheckpointCorruptError (a ValueError) when every complete step is damaged.
         """
-        step = self.ckpt.latest_step()
-        if step is None:
+        if self.ckpt.latest_step() is None:
             return None
         target = jax.tree.map(lambda x: _on_mesh(x, self.rt.mesh),
                               abstract_like(_state_tree(template, extra)))
-        tree, meta = self.ckpt.restore(step, abstract_state=target)
+        tree, meta = self.ckpt.restore(abstract_state=target)
+        self.restored_step = self.ckpt.last_restored_step
+        report_fallback(self.ckpt, f"resuming {self.phase}")
         ts = tree.pop("train_state")
         state = TrainState(step=ts["step"], params=ts["params"], opt_state=ts["opt_state"])
         return (state, meta, tree) if extra is not None else (state, meta)
@@ -97,6 +103,18 @@ class PhaseCheckpointer:
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+def report_fallback(ckpt: Checkpointer, what: str) -> None:
+    """Tells the user (stderr, process 0) when the last restore skipped damaged steps."""
+    if not ckpt.last_skipped or jax.process_index() != 0:
+        return
+    why = "; ".join(f"step {s}: {', '.join(p[:3])}" + (f" (+{len(p) - 3} more)" if len(p) > 3
+                                                          else "")
+                    for s, p in ckpt.last_skipped.items())
+    print(f"[checkpoint] {what}: skipped damaged step(s) {list(ckpt.last_skipped)} in "
+          f"{ckpt.directory} (left in place for inspection): {why}; using step "
+          f"{ckpt.last_restored_step}", file=sys.stderr, flush=True)
 
 
 def _has_complete_step(directory: str) -> bool:
@@ -125,18 +143,24 @@ def load_params(path: str, mesh, rules, step: int | None = None):
     Args:
       path: a run workdir or a phase checkpoint directory.
       mesh, rules: target layout of the params.
+      step: the step to load (an error if it is damaged); None = the newest complete step
+        that is not damaged (damaged newer ones are skipped and reported on stderr).
     Returns: (params, ModelConfig, Tokenizer, metadata).
     """
     directory = resolve_checkpoint_dir(path)
-    ckpt = Checkpointer(directory)
-    step = ckpt.latest_step() if step is None else step
-    meta = ckpt.metadata(step)
+
+    def target(meta):
+        if "model_config" not in meta:
+            raise ValueError(f"checkpoint in {directory} has no model_config in its metadata")
+        model_cfg = ModelConfig(**meta["model_config"])
+        shardings = param_shardings(model_cfg, mesh, rules)
+        params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                              abstract_params(model_cfg), shardings)
+        return {"train_state": {"params": params}}
+
+    with Checkpointer(directory) as ckpt:
+        tree, meta = ckpt.restore(step, abstract_state_fn=target, partial=True)
+        report_fallback(ckpt, f"loading params from {directory}")
     model_cfg = ModelConfig(**meta["model_config"])
     tokenizer = Tokenizer.from_serialized(meta["tokenizer"])
-    shardings = param_shardings(model_cfg, mesh, rules)
-    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          abstract_params(model_cfg), shardings)
-    tree, _ = ckpt.restore(step, abstract_state={"train_state": {"params": target}},
-                           partial=True)
-    ckpt.close()
     return tree["train_state"]["params"], model_cfg, tokenizer, meta

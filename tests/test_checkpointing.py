@@ -11,7 +11,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_reason import checkpointing
-from jaxrl_reason.checkpointing import MANIFEST_NAME, Checkpointer, abstract_like
+from jaxrl_reason.checkpointing import (MANIFEST_NAME, CheckpointCorruptError, Checkpointer,
+                                        abstract_like)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +196,12 @@ def test_tampered_metadata_fails_checksum(tmp_path, mesh):
     with open(meta_files[0], "w") as f:
         json.dump({"phase": "grpo"}, f)
     with Checkpointer(str(tmp_path)) as ckpt:
-        with pytest.raises(ValueError, match="checksum"):
+        with pytest.raises(ValueError, match=r"step 1 .*metadata/metadata: 17 bytes"):
+            ckpt.restore(1, abstract_state=abstract_like(state))
+    # A format-1 manifest (no file list) still catches it by the metadata checksum.
+    to_v1_manifest(tmp_path / "1")
+    with Checkpointer(str(tmp_path)) as ckpt:
+        with pytest.raises(ValueError, match="metadata checksum"):
             ckpt.restore(1, abstract_state=abstract_like(state))
 
 
@@ -329,3 +335,256 @@ def test_partial_restore_reads_only_the_requested_subtree(tmp_path):
         np.testing.assert_array_equal(tree["train_state"]["params"]["w"], params["w"])
         with pytest.raises(ValueError, match="not in the checkpoint"):
             ckpt.restore(3, abstract_state={"nope": abstract_like(params)}, partial=True)
+
+
+# ---------------------------------------------------------------- damaged checkpoints
+
+
+def to_v1_manifest(step_dir):
+    """Rewrites a step's manifest as format 1 (no file list), as older versions wrote it."""
+    path = step_dir / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    del manifest["files"]
+    path.write_text(json.dumps(dict(manifest, format=1)))
+
+
+def save_steps(directory, state, steps=(1, 2, 3), **kwargs):
+    with Checkpointer(str(directory), **kwargs) as ckpt:
+        for s in steps:
+            assert ckpt.save(s, state, {"s": s})
+
+
+def largest_state_file(step_dir):
+    """(path, path relative to the step directory) of the biggest array data file."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "state") for f in fs]
+    path = max(files, key=os.path.getsize)
+    return path, os.path.relpath(path, step_dir)
+
+
+def damage(step_dir, how):
+    """Damages one file of a step directory; returns the path named in the problem."""
+    if how in ("truncate", "flip"):
+        path, rel = largest_state_file(step_dir)
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            if how == "truncate":
+                f.truncate(size // 2)
+            else:
+                f.seek(size // 2)
+                data = f.read(16)
+                f.seek(size // 2)
+                f.write(bytes(b ^ 0xFF for b in data))
+        assert (os.path.getsize(path) == size) == (how == "flip")
+        return rel
+    if how == "bad_json":
+        (step_dir / "metadata" / "metadata").write_text('{"s": ')
+        return "metadata/metadata"
+    if how == "bad_orbax_metadata":
+        (step_dir / "state" / "_METADATA").write_text("{not json")
+        return "state/_METADATA"
+    if how == "missing":
+        path, rel = largest_state_file(step_dir)
+        os.remove(path)
+        return rel
+    if how == "extra":
+        (step_dir / "state" / "d" / "stray").write_bytes(b"x")
+        return "state/d/stray"
+    raise ValueError(how)
+
+
+EXPECTED = {"truncate": "truncated", "flip": "SHA-256", "bad_json": "bytes",
+            "bad_orbax_metadata": "bytes", "missing": "missing", "extra": "unexpected file"}
+
+
+@pytest.mark.parametrize("how", sorted(EXPECTED))
+def test_damaged_newest_step_falls_back_with_a_warning(tmp_path, mesh, how, caplog):
+    state = make_state(mesh)
+    save_steps(tmp_path, state)
+    rel = damage(tmp_path / "3", how)
+    before = sorted((d, sorted(fs)) for d, _, fs in os.walk(tmp_path))
+    with Checkpointer(str(tmp_path)) as ckpt:
+        assert ckpt.latest_step() == 3  # cheap: manifests only
+        problems = ckpt.verify(3)
+        assert len(problems) == 1 and problems[0].startswith(rel + ": ")
+        assert EXPECTED[how] in problems[0]
+        assert ckpt.verify(2) == []
+        with caplog.at_level("WARNING", logger="jaxrl_reason.checkpointing"):
+            restored, meta = ckpt.restore(abstract_state=abstract_like(state))
+        assert meta == {"s": 2} and ckpt.last_restored_step == 2
+        assert list(ckpt.last_skipped) == [3] and rel in ckpt.last_skipped[3][0]
+        assert_trees_equal(restored, state)
+        assert ckpt.latest_good_step() == 2
+        # metadata() checks the metadata files only.
+        assert ckpt.metadata() == {"s": 2 if how == "bad_json" else 3}
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert f"step 3 at {tmp_path / '3'} is damaged" in warning and rel in warning
+    assert "falling back to step 2" in warning
+    # Nothing was deleted, moved or rewritten.
+    assert sorted((d, sorted(fs)) for d, _, fs in os.walk(tmp_path)) == before
+
+
+@pytest.mark.parametrize("how,expected", [("truncate", "orbax could not restore"),
+                                          ("bad_json", "orbax could not read"),
+                                          ("bad_orbax_metadata", "orbax could not restore")])
+def test_v1_manifest_falls_back_on_orbax_errors(tmp_path, mesh, how, expected, caplog):
+    """Format-1 manifests (no file list) still load; their damage shows in orbax's restore."""
+    state = make_state(mesh)
+    save_steps(tmp_path, state)
+    for s in (1, 2, 3):
+        to_v1_manifest(tmp_path / str(s))
+    damage(tmp_path / "3", how)
+    with Checkpointer(str(tmp_path)) as ckpt:
+        assert ckpt.all_steps() == [1, 2, 3] and ckpt.verify(3) == []  # unverifiable
+        with caplog.at_level("WARNING", logger="jaxrl_reason.checkpointing"):
+            restored, meta = ckpt.restore(abstract_state=abstract_like(state))
+        assert meta == {"s": 2} and ckpt.last_restored_step == 2
+        assert expected in ckpt.last_skipped[3][0]
+        assert_trees_equal(restored, state)
+    assert "step 3" in caplog.text and expected in caplog.text
+
+
+def test_v1_manifest_loads(tmp_path, mesh):
+    state = make_state(mesh)
+    save_steps(tmp_path, state, steps=(1,))
+    to_v1_manifest(tmp_path / "1")
+    with Checkpointer(str(tmp_path)) as ckpt:
+        assert ckpt.latest_step() == 1 and ckpt.verify(1) == []
+        restored, meta = ckpt.restore(1, abstract_state=abstract_like(state))
+        assert meta == {"s": 1} and ckpt.last_skipped == {}
+        assert_trees_equal(restored, state)
+        # New saves write format 2 next to it.
+        ckpt.save(2, state, {"s": 2})
+    assert json.loads((tmp_path / "2" / MANIFEST_NAME).read_text())["format"] == 2
+
+
+def test_explicit_damaged_step_is_an_error_without_fallback(tmp_path, mesh):
+    state = make_state(mesh)
+    save_steps(tmp_path, state)
+    rel = damage(tmp_path / "3", "truncate")
+    with Checkpointer(str(tmp_path)) as ckpt:
+        with pytest.raises(CheckpointCorruptError) as err:
+            ckpt.restore(3, abstract_state=abstract_like(state))
+        assert ckpt.last_restored_step is None
+        _, meta = ckpt.restore(2, abstract_state=abstract_like(state))
+        assert meta == {"s": 2}
+    assert f"step 3 at {tmp_path / '3'} is damaged: {rel}: " in str(err.value)
+    assert "truncated" in str(err.value) and list(err.value.problems) == [3]
+
+
+def test_every_step_damaged_is_a_clear_error(tmp_path, mesh):
+    state = make_state(mesh)
+    save_steps(tmp_path, state)
+    names = {3: damage(tmp_path / "3", "truncate"), 2: damage(tmp_path / "2", "flip"),
+             1: damage(tmp_path / "1", "bad_json")}
+    with Checkpointer(str(tmp_path)) as ckpt:
+        with pytest.raises(CheckpointCorruptError) as err:
+            ckpt.restore(abstract_state=abstract_like(state))
+        assert ckpt.latest_good_step() is None
+        assert sorted(ckpt.bad_steps) == [1, 2, 3]
+    text = str(err.value)
+    assert f"no usable checkpoint in {tmp_path}: all 3 complete steps are damaged" in text
+    for s, rel in names.items():
+        assert f"step {s} at {tmp_path / str(s)}: {rel}: " in text
+    assert list(err.value.problems) == [3, 2, 1]
+    assert sorted(os.listdir(tmp_path)) == ["1", "2", "3"]
+
+
+def test_save_after_fallback_moves_the_damaged_step_aside(tmp_path, mesh):
+    """A resumed run re-saves the damaged step's number; retention keeps working."""
+    state = make_state(mesh)
+    save_steps(tmp_path, state, max_to_keep=3)
+    damage(tmp_path / "3", "truncate")
+    with Checkpointer(str(tmp_path), max_to_keep=3) as ckpt:
+        ckpt.restore(abstract_state=abstract_like(state))
+        assert ckpt.last_restored_step == 2
+        assert ckpt.save(3, state, {"s": "3 again"}, force=True)
+        assert (tmp_path / "3.corrupt").is_dir() and ckpt.verify(3) == []
+        for s in (4, 5, 6):
+            assert ckpt.save(s, state, {"s": s})
+        assert ckpt.all_steps() == [4, 5, 6]
+    assert sorted(os.listdir(tmp_path)) == ["3.corrupt", "4", "5", "6"]
+    # The damaged step was kept as it was, for inspection.
+    assert (tmp_path / "3.corrupt" / MANIFEST_NAME).exists()
+
+
+def test_save_past_a_damaged_step_leaves_it_and_prunes(tmp_path, mesh):
+    state = make_state(mesh)
+    save_steps(tmp_path, state, max_to_keep=2)
+    damage(tmp_path / "3", "bad_json")
+    with Checkpointer(str(tmp_path), max_to_keep=2) as ckpt:
+        ckpt.restore(abstract_state=abstract_like(state))
+        assert ckpt.last_restored_step == 2
+        assert ckpt.save(4, state, {"s": 4})
+        assert (tmp_path / "3").is_dir()  # not in the way: left where it is
+        assert ckpt.save(5, state, {"s": 5})
+        assert ckpt.all_steps() == [4, 5]  # ordinary retention
+        _, meta = ckpt.restore(abstract_state=abstract_like(state))
+        assert meta == {"s": 5} and ckpt.last_skipped == {}
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(tmp_path, mesh):
+    import hashlib
+
+    state = make_state(mesh)
+    save_steps(tmp_path, state, steps=(1,))
+    (tmp_path / "1" / "notes.txt").write_text("extra files next to the items are fine")
+    manifest = json.loads((tmp_path / "1" / MANIFEST_NAME).read_text())
+    assert manifest["format"] == 2
+    on_disk = {os.path.relpath(os.path.join(d, f), tmp_path / "1")
+               for d, _, fs in os.walk(tmp_path / "1") for f in fs}
+    assert {e["path"] for e in manifest["files"]} == on_disk - {MANIFEST_NAME, "notes.txt"}
+    for e in manifest["files"]:
+        data = (tmp_path / "1" / e["path"]).read_bytes()
+        assert e["size"] == len(data) and e["sha256"] == hashlib.sha256(data).hexdigest()
+    with Checkpointer(str(tmp_path)) as ckpt:
+        assert ckpt.verify(1) == [] and ckpt.verify(1, items=("metadata",)) == []
+        assert ckpt.verify(7) == [f"step directory {tmp_path / '7'} does not exist"]
+
+
+def test_run_state_resume_and_load_params_fall_back(tmp_path, capsys):
+    import types
+
+    from jaxrl_reason import run_state, sharding
+    from jaxrl_reason.models.config import get_preset
+    from jaxrl_reason.models.params import init_params
+    from jaxrl_reason.tokenizers import train_tokenizer
+    from jaxrl_reason.train_state import create_train_state, make_optimizer
+
+    mesh1 = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    cfg = get_preset("test")
+    config = types.SimpleNamespace(checkpoint=types.SimpleNamespace(max_to_keep=3),
+                                   to_json_best_effort=lambda: "{}")
+    rt = types.SimpleNamespace(workdir=str(tmp_path), config=config, model_cfg=cfg, mesh=mesh1,
+                               tokenizer=train_tokenizer(["1+2=3", "abc def"], 280))
+    optimizer = make_optimizer(1e-3, weight_decay=0.0, max_grad_norm=1.0)
+    base = init_params(cfg, jax.random.key(0), mesh1, sharding.DEFAULT_RULES)
+    params = {s: jax.tree.map(lambda x, s=s: x + s, base) for s in (1, 2, 3)}
+    ckpt = run_state.PhaseCheckpointer(rt, "sft")
+    for s in (1, 2, 3):
+        state = create_train_state(params[s], optimizer)
+        ckpt.save(s, state, {"pos": s}, extra_meta={"tag": s})
+    ckpt.close()
+    sft_dir = tmp_path / "checkpoints" / "sft"
+    rel = damage(sft_dir / "3", "flip")
+
+    loaded, model_cfg, tok, meta = run_state.load_params(str(tmp_path), mesh1,
+                                                         sharding.DEFAULT_RULES)
+    assert meta["tag"] == 2 and model_cfg == cfg and tok.vocab_size == 280
+    assert_trees_equal(loaded, params[2])
+    err = capsys.readouterr().err
+    assert f"skipped damaged step(s) [3] in {sft_dir}" in err and rel in err
+    assert "using step 2" in err
+    with pytest.raises(CheckpointCorruptError, match=f"step 3 at {sft_dir / '3'}"):
+        run_state.load_params(str(tmp_path), mesh1, sharding.DEFAULT_RULES, step=3)
+
+    ckpt = run_state.PhaseCheckpointer(rt, "sft")
+    template = create_train_state(params[1], optimizer)
+    state, meta = ckpt.restore_latest(template)
+    assert meta["tag"] == 2 and ckpt.restored_step == 2
+    assert_trees_equal(state.params, params[2])
+    assert "resuming sft: skipped damaged step(s) [3]" in capsys.readouterr().err
+    ckpt.save(3, state, {"pos": 3}, extra_meta={"tag": "3 again"})  # the resumed run goes on
+    ckpt.close()
+    assert (sft_dir / "3.corrupt").is_dir()
+    _, _, _, meta = run_state.load_params(str(tmp_path), mesh1, sharding.DEFAULT_RULES)
+    assert meta["tag"] == "3 again" and capsys.readouterr().err == ""
