@@ -49,8 +49,10 @@ def _prepare(fv):
     _check_before_compiling(rt, workdir)
     writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
                            enabled=jax.process_index() == 0)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
+    tmp = os.path.join(workdir, "config.json.tmp")
+    with open(tmp, "w") as f:
         f.write(config.to_json_best_effort(indent=1))
+    os.replace(tmp, os.path.join(workdir, "config.json"))
     return config, workdir, rt, writer
 
 

@@ -82,9 +82,12 @@ class Tokenizer:
         return cls(data)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the `.model` bytes to `path` (loadable by any SentencePiece reader)."""
-        with open(path, "wb") as f:
+        """Writes the `.model` bytes to `path` (loadable by any SentencePiece reader),
+        atomically: a process killed mid-write leaves no truncated tokenizer behind."""
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "wb") as f:
             f.write(self.serialized)
+        os.replace(tmp, path)
 
     def __reduce__(self):
         return (Tokenizer.from_serialized, (self.serialized,))
