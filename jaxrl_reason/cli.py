@@ -1,4 +1,4 @@
-"""Command line: `jaxrl-reason {train,sft,eval,sample} --config FILE[:ARG] [--config.a.b=v ...]`.
+"""Command line: `jaxrl-reason {train,sft,eval,sample,plan} --config FILE[:ARG] [--config.a.b=v ...]`.
 
     jaxrl-reason train  --config configs/arith_grpo.py [--workdir DIR] [--resume]
                         [--init_checkpoint DIR]          # skip the cold start
@@ -6,6 +6,7 @@
     jaxrl-reason eval   --checkpoint DIR [--config FILE] [--data FILE.jsonl|.parquet
                         [--data_preset generic|gsm8k|math]] [--out FILE]
     jaxrl-reason sample --checkpoint DIR --prompt TEXT [--greedy] [--max-new-tokens N]
+    jaxrl-reason plan   --config configs/arith_grpo.py --topology v5e:2x4   # needs libtpu
 
 Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
 that does not exist is an error. Flags may be spelled with dashes or underscores. Bad input
@@ -21,12 +22,12 @@ from typing import Sequence
 from absl import flags
 from ml_collections import config_flags
 
-COMMANDS = ("train", "sft", "eval", "sample")
+COMMANDS = ("train", "sft", "eval", "sample", "plan")
 
 
 def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
     fv = flags.FlagValues()
-    needs_config = command in ("train", "sft")
+    needs_config = command in ("train", "sft", "plan")
     # sys_argv: ml_collections finds the `--config.a.b=v` overrides in it (by default it
     # reads sys.argv, which is wrong when `main` is called with its own argv).
     config_flags.DEFINE_config_file(
@@ -54,6 +55,9 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
                           flag_values=fv)
         flags.DEFINE_string("out", None, "JSON report path (default <checkpoint>/eval.json)",
                             flag_values=fv)
+    if command == "plan":
+        flags.DEFINE_string("topology", None, "TPU slice, e.g. v5e:2x4, v5p:2x2x1, v6e:2x4",
+                            flag_values=fv, required=True)
     if command == "sample":
         flags.DEFINE_string("prompt", None, "prompt text", flag_values=fv, required=True)
         flags.DEFINE_bool("greedy", False, "argmax decoding", flag_values=fv)

@@ -146,6 +146,17 @@ def train(fv) -> int:
     return 0
 
 
+def plan(fv) -> int:
+    """Compiles the config's RL step for a TPU slice and prints memory, FLOPs, roofline."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # describe the TPU, run nothing on it
+    from jaxrl_reason import plan as planner
+    chip, devices = planner.topology_devices(fv.topology)
+    check_config(fv.config, len(devices))
+    report = planner.plan(fv.config, fv.topology)
+    _say(planner.format_report(report))
+    return 0
+
+
 def _config_from_checkpoint(meta) -> ml_collections.ConfigDict:
     config = meta.get("config")
     if not config:

@@ -1,0 +1,60 @@
+"""`jaxrl-reason plan`: ahead-of-time compilation of the RL step for a real TPU slice from
+this CPU (needs libtpu: `pip install 'jaxrl-reason[tpu]'`, which CI installs)."""
+import importlib.util
+import os
+
+import pytest
+
+from jaxrl_reason.cli import main, parse
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARITH = os.path.join(REPO, "configs", "arith_grpo.py")
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install "
+                                         "'jaxrl-reason[tpu]'); CI installs it")
+
+
+@needs_libtpu
+def test_plan_compiles_every_program_for_v5e_and_reports_memory_and_roofline():
+    from jaxrl_reason import plan as planner
+
+    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
+                   "v5e:2x4"])
+    report = planner.plan(fv.config, "v5e:2x4")
+    assert report["devices"] == 8 and report["chip"].name == "TPU v5e"
+    names = [p.name for p in report["programs"]]
+    assert names == ["sampler", "log-prob pass", "update"]
+    for prog in report["programs"]:
+        assert 0 < prog.total_bytes < report["chip"].hbm_bytes
+        assert prog.flops > 0 and prog.hbm_bytes > 0
+        assert 0 < prog.mfu(report["chip"], 8) <= 1
+    text = planner.format_report(report)
+    assert "fits: yes" in text and "| update |" in text
+
+
+@needs_libtpu
+def test_plan_command_prints_the_table_and_names_a_bad_topology(capsys):
+    rc = main(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology", "v6e:2x4"])
+    assert rc == 0
+    assert "TPU v6e: 8 chips" in capsys.readouterr().out
+    rc = main(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology", "v9:2x4"])
+    assert rc != 0
+    assert "unknown TPU generation 'v9'" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_plan_reports_a_program_that_does_not_fit_and_what_would_help():
+    """Two layers with a 64k vocabulary and 64 rows of 2k tokens: the update's logits and
+    their gradient exceed a v5e chip; XLA refuses it and the plan says so."""
+    from jaxrl_reason import plan as planner
+
+    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
+                   "v5e:2x2", "--config.model.n_layers=2", "--config.model.vocab_size=65536",
+                   "--config.rl.batch_prompts=16", "--config.rl.num_generations=4",
+                   "--config.rl.max_new_tokens=2048", "--config.rl.train_length_bucket=64"])
+    report = planner.plan(fv.config, "v5e:2x2")
+    update = report["programs"][-1]
+    assert update.total_bytes > report["chip"].hbm_bytes
+    text = planner.format_report(report)
+    assert "fits: NO" in text and "(does not fit)" in text
+    assert "micro-batches" in text or "mesh.fsdp" in text
