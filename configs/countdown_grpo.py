@@ -9,24 +9,13 @@ exact-arithmetic evaluator; every given number used exactly once) plus the stric
 reward; evaluation on held-out levels 1-2 and on level 3 (four numbers).
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _arith_grpo():
-    """configs/arith_grpo.py, loaded by path (configs/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("arith_grpo", os.path.join(_HERE, "arith_grpo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from jaxrl_reason.config_files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = _arith_grpo().get_config(arg)
+    c = sibling_config(__file__, "arith_grpo").get_config(arg)
     c.name = "countdown_grpo"
     c.task.name = "countdown"               # the verifier is the "countdown" reward
     c.task.train_levels = (1, 2)            # two or three numbers

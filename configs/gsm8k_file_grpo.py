@@ -15,25 +15,17 @@ For MATH use `--config.task.preset=math`; for your own {prompt, answer} records,
 `--config.task.preset=generic --config.task.prompt_field=question`.
 """
 
-import importlib.util
 import os
 
 import ml_collections
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_DATA = os.path.join(_HERE, "data")
+from jaxrl_reason.config_files import sibling_config
 
-
-def _arith_grpo():
-    """configs/arith_grpo.py, loaded by path (configs/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("arith_grpo", os.path.join(_HERE, "arith_grpo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = _arith_grpo().get_config(arg)
+    c = sibling_config(__file__, "arith_grpo").get_config(arg)
     smoke = arg == "smoke"
     c.name = "gsm8k_file_grpo"
     c.task.name = "file"                    # problems from local files (no levels)

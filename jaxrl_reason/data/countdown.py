@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_reason.data.levels import LevelSource, level_corpus
+
 from jaxrl_reason.rewards import _arith_eval
 
 EVAL_BUCKETS = 5
@@ -158,49 +160,14 @@ def make_example(split: str, level: int, index: int, seed: int) -> dict[str, Any
     }
 
 
-class CountdownSource:
-    """Random-access source of Countdown problems (the grain data-source protocol).
-
-    Item i has level `levels[i % len(levels)]` so every level is equally represented.
-
-    Args:
-      split: "train" or "eval".
-      levels: difficulty levels to draw from.
-      size: number of items (len of the source).
-      seed: generator seed; two sources with the same arguments hold identical items.
-    """
+class CountdownSource(LevelSource):
+    """Random-access source of countdown problems: item i has level `levels[i % len(levels)]`
+    (see `LevelSource`); two sources with the same arguments hold identical items."""
 
     def __init__(self, split: str, levels: tuple[int, ...] | list[int], size: int, seed: int):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if not levels:
-            raise ValueError("countdown source needs at least one level")
-        for level in levels:
-            if level not in _LEVELS:
-                raise ValueError(f"countdown level must be in 1..{MAX_LEVEL}, got {level!r}")
-        if size <= 0:
-            raise ValueError(f"countdown source size must be positive, got {size}")
-        self.split, self.levels, self.size, self.seed = split, tuple(levels), int(size), seed
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.size:
-            raise IndexError(f"index {index} out of range for source of size {self.size}")
-        level = self.levels[index % len(self.levels)]
-        return make_example(self.split, level, index // len(self.levels), self.seed)
-
-    def __repr__(self) -> str:
-        return (f"CountdownSource(split={self.split!r}, levels={self.levels}, "
-                f"size={self.size}, seed={self.seed})")
+        super().__init__("countdown", make_example, MAX_LEVEL, split, levels, size, seed)
 
 
 def tokenizer_corpus(num_examples: int = 2000, seed: int = 12345) -> list[str]:
     """Texts to train the task tokenizer on: prompts and completions of every level."""
-    texts = []
-    for i in range(num_examples):
-        example = make_example("train", 1 + i % MAX_LEVEL, i, seed)
-        texts.append(example["prompt"])
-        texts.append(example["completion"])
-    return texts
+    return level_corpus(make_example, MAX_LEVEL, num_examples, seed)

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_reason.data.levels import LevelSource, level_corpus
+
 EVAL_BUCKETS = 5
 MAX_LEVEL = 5
 SPLITS = ("train", "eval")
@@ -245,49 +247,14 @@ def make_example(split: str, level: int, index: int, seed: int) -> dict[str, Any
     }
 
 
-class KnightsKnavesSource:
-    """Random-access source of Knights-and-Knaves puzzles (the grain data-source protocol).
-
-    Item i has level `levels[i % len(levels)]` so every level is equally represented.
-
-    Args:
-      split: "train" or "eval".
-      levels: difficulty levels to draw from (1..MAX_LEVEL).
-      size: number of items (len of the source).
-      seed: generator seed; two sources with the same arguments hold identical items.
-    """
+class KnightsKnavesSource(LevelSource):
+    """Random-access source of knights_knaves problems: item i has level `levels[i % len(levels)]`
+    (see `LevelSource`); two sources with the same arguments hold identical items."""
 
     def __init__(self, split: str, levels: tuple[int, ...] | list[int], size: int, seed: int):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if not levels:
-            raise ValueError("knights_knaves source needs at least one level")
-        for level in levels:
-            if not (isinstance(level, int) and 1 <= level <= MAX_LEVEL):
-                raise ValueError(f"knights_knaves level must be in 1..{MAX_LEVEL}, got {level!r}")
-        if size <= 0:
-            raise ValueError(f"knights_knaves source size must be positive, got {size}")
-        self.split, self.levels, self.size, self.seed = split, tuple(levels), int(size), seed
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.size:
-            raise IndexError(f"index {index} out of range for source of size {self.size}")
-        level = self.levels[index % len(self.levels)]
-        return make_example(self.split, level, index // len(self.levels), self.seed)
-
-    def __repr__(self) -> str:
-        return (f"KnightsKnavesSource(split={self.split!r}, levels={self.levels}, "
-                f"size={self.size}, seed={self.seed})")
+        super().__init__("knights_knaves", make_example, MAX_LEVEL, split, levels, size, seed)
 
 
 def tokenizer_corpus(num_examples: int = 2000, seed: int = 12345) -> list[str]:
     """Texts to train the task tokenizer on: prompts and completions of every level."""
-    texts = []
-    for i in range(num_examples):
-        example = make_example("train", 1 + i % MAX_LEVEL, i, seed)
-        texts.append(example["prompt"])
-        texts.append(example["completion"])
-    return texts
+    return level_corpus(make_example, MAX_LEVEL, num_examples, seed)
