@@ -88,6 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.weight_decay = 0.0                 # AdamW weight decay
     c.rl.max_grad_norm = 1.0                # global-norm gradient clipping
     c.rl.num_iterations = 1                 # policy updates per batch (mu in the GRPO paper)
+    c.rl.micro_batches = 1                  # gradient accumulation: rows split into k micro-batches
     c.rl.advantage_estimator = "grpo"       # grpo | rloo | reinforce_pp | gae (PPO, critic)
     c.rl.advantage_scale = "group"          # group | batch | none (none + grpo = Dr. GRPO)
     c.rl.loss_type = "grpo"                 # grpo | bnpo | dr_grpo | dapo

@@ -133,6 +133,13 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     if _get(config, "rl.ref_sync_every", 0):
         _in_range(problems, config, "rl.ref_sync_alpha", 0.0, 1.0, low_open=True)
     prompts = _get(config, "rl.batch_prompts")
+    micro = _get(config, "rl.micro_batches", 1)
+    if not (isinstance(micro, int) and micro >= 1):
+        problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
+    elif dp and isinstance(prompts, int) and isinstance(group, int) \
+            and (prompts * group) % (dp * micro):
+        problems.append(f"rl.micro_batches: {prompts} x {group} = {prompts * group} rows do not "
+                        f"split into {micro} micro-batches x {dp} data-parallel shards")
     if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
         problems.append(
             f"rl.batch_prompts: {prompts} prompts x {group} generations = {prompts * group} "

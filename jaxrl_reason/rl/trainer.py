@@ -68,14 +68,42 @@ class Rollout:
         return self.prompt_tokens, self.prompt_valid, self.completion_tokens, self.mask
 
 
-def make_logprob_fn(model, temperature: float):
-    """Jitted (params, rollout arrays) -> logp f32 [N, L] (old-policy / reference scoring)."""
+def to_micro(x: jax.Array, k: int, sharding=None) -> jax.Array:
+    """[M, ...] -> [k, M/k, ...], micro-batch j holding rows j, k + j, 2k + j, ... (strided, so
+    each micro-batch keeps an even share of every data-parallel shard's rows)."""
+    y = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+    return y if sharding is None else jax.lax.with_sharding_constraint(y, sharding)
 
-    def fn(params, prompt_tokens, prompt_valid, completion_tokens, mask):
+
+def from_micro(y: jax.Array) -> jax.Array:
+    """Inverse of `to_micro`: [k, M/k, ...] -> [M, ...]."""
+    return y.swapaxes(0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+
+def _micro_sharding(mesh, rules, ndim: int):
+    """Sharding of a [k, M/k, ...] micro-batched array: rows over the batch axes."""
+    if mesh is None:
+        return None
+    spec = shd.logical_to_spec(("batch",), rules)
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *spec))
+
+
+def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None, rules=()):
+    """Jitted (params, rollout arrays) -> logp f32 [N, L] (old-policy / reference scoring),
+    computed `micro_batches` slices of rows at a time (lower peak memory, same values)."""
+
+    def one(params, prompt_tokens, prompt_valid, completion_tokens, mask):
         logp, _ = completion_logprobs(model, params, prompt_tokens, prompt_valid,
                                       completion_tokens, mask, temperature=temperature,
                                       with_entropy=False)
         return logp
+
+    def fn(params, *rows):
+        if micro_batches == 1:
+            return one(params, *rows)
+        micro = [to_micro(x, micro_batches, _micro_sharding(mesh, rules, x.ndim + 1))
+                 for x in rows]
+        return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
 
     return jax.jit(fn)
 
@@ -185,8 +213,15 @@ def ppo_advantages(seq_rewards, mask, values, kl, kl_coef, *, gamma, lam,
     return advantages, returns
 
 
-def make_update_fn(model, optimizer, rl):
-    """Jitted, state-donating policy update: (state, batch) -> (state, metrics)."""
+def make_update_fn(model, optimizer, rl, mesh=None, rules=()):
+    """Jitted, state-donating policy update: (state, batch) -> (state, metrics).
+
+    With `rl.micro_batches` = k > 1 the rows are split into k strided micro-batches whose
+    gradients are summed in a `lax.scan` (gradient accumulation: one optimizer step, the
+    loss's whole-batch normalizers make the sum the full batch's loss); peak activation
+    memory is that of M/k rows. Metrics are then micro-batch means (maxima for `*_max`).
+    """
+    k = int(rl.get("micro_batches", 1))
 
     def loss_fn(params, batch):
         logp, entropy = completion_logprobs(
@@ -204,8 +239,29 @@ def make_update_fn(model, optimizer, rl):
             policy_loss_mode=rl.policy_loss_mode, clip_ratio_c=rl.clip_ratio_c or None,
             sampler_logp=batch.get("sampler_logp"), tis_cap=rl.tis_cap or None)
 
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def accumulate(params, batch):
+        rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
+        consts = {n: x for n, x in batch.items() if jnp.ndim(x) == 0}
+        micro = {n: to_micro(x, k, _micro_sharding(mesh, rules, x.ndim + 1))
+                 for n, x in rows.items()}
+
+        def body(carry, mb):
+            grads, loss = carry
+            (l, m), g = grad_fn(params, {**mb, **consts})
+            return (jax.tree.map(jnp.add, grads, g), loss + l), m
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (grads, loss), ms = jax.lax.scan(body, (zeros, jnp.float32(0.0)), micro)
+        metrics = {n: (v.max() if n.endswith("_max") else v.mean()) for n, v in ms.items()}
+        return (loss, metrics), grads
+
     def update(state: TrainState, batch):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        if k == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch)
+        else:
+            (loss, metrics), grads = accumulate(state.params, batch)
         new_state, grad_norm = apply_gradients(state, grads, optimizer)
         # A non-finite loss or gradient leaves weights and optimizer state untouched.
         state, ok = apply_if_finite(state, new_state, loss, grad_norm)
@@ -253,8 +309,9 @@ class RLTrainer:
         self.skipped_batch = None  # (why, example ids) when `step` skipped its update
         if self.gae:  # PPO's critic, before the first update donates `init_params`
             self._init_critic(init_params, ref_params)
-        self.logprob_fn = make_logprob_fn(rt.model, rl.temperature)
-        self.update_fn = make_update_fn(rt.model, self.optimizer, rl)
+        self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
+                                          rt.mesh, rt.rules)
+        self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules)
         self.ckpt = PhaseCheckpointer(rt, "rl")
 
     def _init_critic(self, init_params, sft_params) -> None:
@@ -467,7 +524,7 @@ class RLTrainer:
             if self.skip_rows:
                 rows, real = select_train_rows(
                     advantages, rl.train_row_buckets,
-                    shd.data_parallel_size(self.rt.mesh, self.rt.rules))
+                    rl.micro_batches * shd.data_parallel_size(self.rt.mesh, self.rt.rules))
                 rollout = self.rollout(host, rows, real)
                 advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
                 train_rows = int(real.sum())
