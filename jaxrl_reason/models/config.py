@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _DTYPES = ("float32", "bfloat16", "float16")
+_REMAT = ("none", "block", "save_dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +35,24 @@ class ModelConfig:
         qk_norm: RMSNorm on queries and keys per head (Qwen3).
         embed_scale: multiply embeddings by sqrt(d_model) (Gemma).
         final_logit_softcap: if set, logits = cap * tanh(logits / cap) (Gemma 2).
-        dtype: compute dtype of activations and matmuls.
-        param_dtype: storage dtype of parameters (float32 master weights by default).
+        dtype: compute dtype of activations and matmuls. With "bfloat16" every matmul, forward
+            and backward, has bf16 operands, and the residual stream and MLP activations are
+            bf16; RMSNorm statistics, RoPE, the attention scores (float32 results of the q.k
+            matmul) and their softmax, and the logits (hence log-probs) are float32.
+        param_dtype: storage dtype of parameters (float32 master weights by default; they are
+            cast to `dtype` at each use, so gradients and optimizer state keep this dtype).
         init_std: standard deviation of the normal initializer.
+        remat: rematerialization of the decoder blocks in the backward pass (activation memory
+            vs recompute): "none" keeps every intermediate for the backward pass; "block"
+            saves only each block's input and recomputes the whole block (least memory, about
+            one extra forward); "save_dots" recomputes the block but keeps the outputs of its
+            weight matmuls (q/k/v/o and MLP projections; policy
+            `jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims`), so only the cheap
+            element-wise ops and the attention einsums (whose [T, S] score tensors are the
+            quadratic part of the memory) are recomputed. Values and gradients are unchanged;
+            inference (prefill/decode) is unaffected. XLA:CPU drops the optimization barriers
+            that keep the recomputation apart, so there remat saves memory only when compiled
+            with `xla_disable_hlo_passes=cse_barrier_expander` (GPU/TPU need nothing).
     """
 
     vocab_size: int
@@ -57,6 +73,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02
+    remat: str = "none"
 
     def __post_init__(self):
         problems = []
@@ -74,6 +91,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        if self.remat not in _REMAT:
+            problems.append(f"remat must be one of {_REMAT}, got {self.remat!r}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 

@@ -17,6 +17,7 @@ Query t attends to key slot s iff s <= cache_index + t and key_valid[b, s].
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -50,6 +51,39 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[..., :half], x32[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """`jnp.einsum` with a float32 result whose backward matmuls stay in the operands' dtype.
+
+    With bf16 operands, a plain `preferred_element_type=float32` einsum makes both transposed
+    matmuls of the backward pass mix the float32 cotangent with a bf16 operand, i.e. run in
+    float32. Here the cotangent is cast to the operands' dtype first, so they run in bf16 like
+    every other matmul of the model. float32 operands take the plain einsum.
+    """
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    return _einsum_f32_low_precision(spec, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _einsum_f32_low_precision(spec, a, b):
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _einsum_f32_fwd(spec, a, b):
+    return _einsum_f32_low_precision(spec, a, b), (a, b)
+
+
+def _einsum_f32_bwd(spec, residuals, g):
+    a, b = residuals
+    g = g.astype(jnp.result_type(a, b))
+    (grad_a,) = jax.linear_transpose(lambda x: jnp.einsum(spec, x, b), a)(g)
+    (grad_b,) = jax.linear_transpose(lambda y: jnp.einsum(spec, a, y), b)(g)
+    return grad_a, grad_b
+
+
+_einsum_f32_low_precision.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
 def attention_mask(key_valid: jax.Array, num_queries: int, cache_index) -> jax.Array:
@@ -118,8 +152,7 @@ class Attention(nn.Module):
         mask = attention_mask(key_valid, length, cache_index)  # [B, T, S]
 
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dtype),
-                            preferred_element_type=jnp.float32) * (cfg.head_dim ** -0.5)
+        scores = einsum_f32("btkgd,bskd->bkgts", q, k.astype(dtype)) * (cfg.head_dim ** -0.5)
         scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
@@ -164,6 +197,19 @@ class Block(nn.Module):
         return x, new_cache
 
 
+# Block per `ModelConfig.remat`. Remat only changes what the backward pass keeps: the forward
+# (training, prefill and decode alike) computes the same values. No argument is static:
+# `cache` is a pytree (None without a cache), and `cache_index` is a traced int32 in the
+# sampler's decode loop (a python 0 elsewhere, traced like any array), so neither could be
+# hashed. prevent_cse stays True (the default) because the blocks run in a python loop, not
+# under a scan that would already keep XLA from merging the recomputation with the forward.
+_BLOCKS = {
+    "none": Block,
+    "block": nn.remat(Block),
+    "save_dots": nn.remat(Block, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims),
+}
+
+
 class Transformer(nn.Module):
     """The decoder. `__call__` returns (logits f32 [B, T, V] or hidden [B, T, D], new cache)."""
     cfg: ModelConfig
@@ -173,7 +219,8 @@ class Transformer(nn.Module):
         pdtype = jnp.dtype(cfg.param_dtype)
         self.embedding = self.param("embedding", _init(cfg, ("vocab", "embed")),
                                     (cfg.vocab_size, cfg.d_model), pdtype)
-        self.layers = [Block(cfg, name=f"layer_{i}") for i in range(cfg.n_layers)]
+        block = _BLOCKS[cfg.remat]
+        self.layers = [block(cfg, name=f"layer_{i}") for i in range(cfg.n_layers)]
         self.final_norm = RMSNorm(cfg.norm_eps, pdtype)
         if not cfg.tie_embeddings:
             self.lm_head = self.param("lm_head", _init(cfg, ("embed", "vocab")),
@@ -202,6 +249,6 @@ class Transformer(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> float32 logits [..., V] (with Gemma-2 soft-capping if set)."""
         w = self.unembedding().astype(hidden.dtype)
-        logits = jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+        logits = einsum_f32("...d,dv->...v", hidden, w)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)

@@ -1,12 +1,15 @@
-"""The decoder: config validation, parameter counts and axes, RoPE, masking, KV cache, scoring."""
+"""The decoder: config validation, parameter counts and axes, RoPE, masking, KV cache, scoring,
+bf16 compute with float32 master weights (rematerialization: test_remat.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from jax.extend import core as jex_core
 
 from jaxrl_reason import models, sharding as shd
 from jaxrl_reason.models import scoring
-from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.models.transformer import Transformer, einsum_f32
 from jaxrl_reason.sampling.sampler import positions_from_valid
 
 RULES = shd.DEFAULT_RULES
@@ -53,6 +56,7 @@ def _random_tokens(rng, shape, vocab=128):
     (dict(dtype="int8"), "dtype must be one of"),
     (dict(n_layers=0), "n_layers must be a positive int"),
     (dict(d_model=64.0), "d_model must be a positive int"),
+    (dict(remat="full"), "remat must be one of"),
 ])
 def test_config_validation_errors(changes, match):
     with pytest.raises(ValueError, match=match):
@@ -245,3 +249,110 @@ def test_completion_logprobs_match_manual_gather(model_and_params, forward, temp
                                                  with_entropy=False)
         np.testing.assert_allclose(np.asarray(no_entropy[0]), np.asarray(logp), atol=1e-5)
         assert np.all(np.asarray(no_entropy[1]) == 0)
+
+
+# ----------------------------------------------------------------------------- bf16 compute
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, recursing into sub-jaxprs (custom_vjp, remat, pjit, ...)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jex_core.ClosedJaxpr):
+                    yield from _eqns(sub.jaxpr)
+                elif isinstance(sub, jex_core.Jaxpr):
+                    yield from _eqns(sub)
+
+
+def _input_dtypes(closed_jaxpr, primitive):
+    """[(operand dtypes, output dtype)] of every `primitive` equation."""
+    return [(tuple(str(v.aval.dtype) for v in e.invars), str(e.outvars[0].aval.dtype))
+            for e in _eqns(closed_jaxpr.jaxpr) if e.primitive.name == primitive]
+
+
+def test_einsum_f32_returns_float32_and_keeps_backward_matmuls_in_bf16():
+    rng = np.random.default_rng(5)
+    a32 = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
+    b32 = jnp.asarray(rng.normal(size=(8, 5)), jnp.float32)
+    a, b = a32.astype(jnp.bfloat16), b32.astype(jnp.bfloat16)
+    cot = jnp.asarray(rng.normal(size=(2, 3, 5)), jnp.float32)
+
+    def loss(x, y):
+        return jnp.sum(einsum_f32("btd,dv->btv", x, y) * cot)
+
+    out = einsum_f32("btd,dv->btv", a, b)
+    want = jnp.einsum("btd,dv->btv", a.astype(jnp.float32), b.astype(jnp.float32))
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6, atol=1e-6)
+    ga, gb = jax.grad(loss, argnums=(0, 1))(a, b)
+    assert ga.dtype == gb.dtype == jnp.bfloat16
+    want_ga, want_gb = jax.grad(loss, argnums=(0, 1))(a.astype(jnp.float32),
+                                                       b.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(ga, np.float32), np.asarray(want_ga), rtol=0.02,
+                               atol=0.05)
+    np.testing.assert_allclose(np.asarray(gb, np.float32), np.asarray(want_gb), rtol=0.02,
+                               atol=0.05)
+    # Every matmul of the backward pass has bf16 operands (a plain preferred_element_type=f32
+    # einsum would transpose into float32 x bf16 matmuls).
+    dots = _input_dtypes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(a, b), "dot_general")
+    assert len(dots) == 3 and {ops for ops, _ in dots} == {("bfloat16", "bfloat16")}
+    # float32 operands take the plain einsum.
+    np.testing.assert_array_equal(np.asarray(einsum_f32("btd,dv->btv", a32, b32)),
+                                  np.asarray(jnp.einsum("btd,dv->btv", a32, b32)))
+
+
+def test_bf16_compute_with_float32_master_weights(model_and_params):
+    """dtype=bfloat16, param_dtype=float32: params, grads and optimizer state are float32, every
+    matmul (forward and backward) runs on bf16 operands, norms / softmax / logits / log-probs
+    are float32, and the log-probs stay close to the float32 model's."""
+    model32, params = model_and_params
+    cfg = model32.cfg.replace(dtype="bfloat16", qk_norm=True)
+    model = Transformer(cfg)
+    # Same params as the f32 model, plus the q/k norm scales (ones) that qk_norm adds.
+    params = jax.tree.map(lambda x: x, params)
+    for i in range(cfg.n_layers):
+        attn = params[f"layer_{i}"]["attn"] = dict(params[f"layer_{i}"]["attn"])
+        attn["q_norm"] = attn["k_norm"] = {"scale": jnp.ones((cfg.head_dim,), jnp.float32)}
+    abstract = models.abstract_params(cfg)
+    assert jax.tree.structure(abstract) == jax.tree.structure(params)
+    assert {x.dtype for x in jax.tree.leaves(abstract)} == {jnp.dtype(jnp.float32)}
+    opt_state = optax.adamw(1e-3).init(params)
+    assert {x.dtype for x in jax.tree.leaves(opt_state) if x.ndim} == {jnp.dtype(jnp.float32)}
+
+    prompt, prompt_valid = _random_tokens(6, (2, 4)), jnp.ones((2, 4), bool)
+    completion, mask = _random_tokens(7, (2, 6)), jnp.ones((2, 6), jnp.float32)
+
+    def loss(p, m=model):
+        logp, entropy = scoring.completion_logprobs(m, p, prompt, prompt_valid, completion, mask)
+        return -jnp.sum(logp), (logp, entropy)
+
+    def forward(p):
+        return model.apply({"params": p}, prompt, jnp.zeros_like(prompt), prompt_valid)[0]
+
+    # The jaxprs: matmul operands, and the dtype of the numerically sensitive ops.
+    forward_jaxpr = jax.make_jaxpr(forward)(params)
+    grad_jaxpr = jax.make_jaxpr(jax.grad(loss, has_aux=True))(params)
+    for jaxpr in (forward_jaxpr, grad_jaxpr):
+        dots = _input_dtypes(jaxpr, "dot_general")
+        assert dots and {ops for ops, _ in dots} == {("bfloat16", "bfloat16")}, dots
+        assert {out for _, out in _input_dtypes(jaxpr, "rsqrt")} == {"float32"}  # RMSNorm
+        assert {out for _, out in _input_dtypes(jaxpr, "exp")} == {"float32"}  # softmaxes
+    # Forward: the attention scores (one per layer) and the logits are float32 results of
+    # bf16 matmuls; every other matmul (projections, MLP, probs @ v) returns bf16.
+    outs = [out for _, out in _input_dtypes(forward_jaxpr, "dot_general")]
+    assert outs.count("float32") == cfg.n_layers + 1
+    assert outs.count("bfloat16") == cfg.n_layers * 8  # q, k, v, o, gate, up, down, probs@v
+
+    (_, (logp, entropy)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    assert logp.dtype == entropy.dtype == jnp.float32
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    for g, p in zip(jax.tree.leaves(grads), jax.tree.leaves(params)):
+        assert g.dtype == jnp.float32 and g.shape == p.shape
+        assert np.all(np.isfinite(np.asarray(g)))
+    # Close to the float32 model (bf16 keeps ~3 significant digits; logits here are O(10)).
+    model32 = Transformer(cfg.replace(dtype="float32"))
+    logp32, entropy32 = jax.jit(lambda p: loss(p, model32)[1])(params)
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(logp32), rtol=0.05, atol=0.1)
+    np.testing.assert_allclose(np.asarray(entropy), np.asarray(entropy32), rtol=0.05, atol=0.1)
