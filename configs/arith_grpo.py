@@ -150,6 +150,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.checkpoint.every_steps = 2 if smoke else 25  # save period (steps) in each phase
     c.checkpoint.max_to_keep = 2            # checkpoints kept per phase
 
+    c.kernels = ml_collections.ConfigDict()
+    c.kernels.backend = "auto"              # auto (Pallas on TPU) | pallas | reference
+
     c.guards = ml_collections.ConfigDict()
     c.guards.max_consecutive_skips = 5      # stop after this many non-finite updates in a row
 

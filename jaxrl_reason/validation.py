@@ -109,6 +109,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     _one_of(problems, config, "rl.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS) + ("gae",))
     _one_of(problems, config, "rl.policy_loss_mode", POLICY_LOSS_MODES)
     problems += _algorithm_problems(config)
+    _one_of(problems, config, "kernels.backend", ("auto", "pallas", "reference"))
     _one_of(problems, config, "rl.advantage_scale", ADVANTAGE_SCALES)
 
     group = _get(config, "rl.num_generations")

@@ -36,8 +36,9 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.reliability import Preempted, SkipGuard, apply_if_finite, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
-from jaxrl_reason.rl.advantages import group_advantages, group_stats
-from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty, policy_loss
+from jaxrl_reason.rl.advantages import group_stats
+from jaxrl_reason.kernels import dispatch as kernel_dispatch
+from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
 from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn, make_value_update_fn,
                                    token_rewards, whiten)
 from jaxrl_reason.run_state import PhaseCheckpointer
@@ -213,7 +214,7 @@ def ppo_advantages(seq_rewards, mask, values, kl, kl_coef, *, gamma, lam,
     return advantages, returns
 
 
-def make_update_fn(model, optimizer, rl, mesh=None, rules=()):
+def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference"):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics).
 
     With `rl.micro_batches` = k > 1 the rows are split into k strided micro-batches whose
@@ -222,6 +223,8 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=()):
     memory is that of M/k rows. Metrics are then micro-batch means (maxima for `*_max`).
     """
     k = int(rl.get("micro_batches", 1))
+    backend = kernel_backend
+    batch_axes = dict(rules).get("batch") if mesh is not None else None
 
     def loss_fn(params, batch):
         logp, entropy = completion_logprobs(
@@ -229,7 +232,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=()):
             batch["completion_tokens"], batch["mask"], temperature=rl.temperature)
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
         in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
-        return policy_loss(
+        return kernel_dispatch.policy_loss(
             logp, old, batch["advantages"], batch["mask"], loss_type=rl.loss_type,
             epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
             beta=batch["beta"] if in_loss_kl else 0.0,
@@ -237,7 +240,8 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=()):
             kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
             num_sequences=batch.get("num_sequences"), num_tokens_global=batch.get("num_tokens"),
             policy_loss_mode=rl.policy_loss_mode, clip_ratio_c=rl.clip_ratio_c or None,
-            sampler_logp=batch.get("sampler_logp"), tis_cap=rl.tis_cap or None)
+            sampler_logp=batch.get("sampler_logp"), tis_cap=rl.tis_cap or None,
+            backend=backend, mesh=mesh, batch_axes=batch_axes)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -311,7 +315,9 @@ class RLTrainer:
             self._init_critic(init_params, ref_params)
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
                                           rt.mesh, rt.rules)
-        self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules)
+        self.kernel_backend = rt.config.get("kernels", {}).get("backend", "auto")
+        self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
+                                        self.kernel_backend)
         self.ckpt = PhaseCheckpointer(rt, "rl")
 
     def _init_critic(self, init_params, sft_params) -> None:
@@ -516,9 +522,10 @@ class RLTrainer:
                      "returns": returns}
             rows = None
         else:
-            advantages = np.asarray(jax.device_get(group_advantages(
+            advantages = np.asarray(jax.device_get(kernel_dispatch.group_advantages(
                 jnp.asarray(seq_rewards), rl.num_generations,
-                estimator=rl.advantage_estimator, scale=rl.advantage_scale)), np.float32)
+                estimator=rl.advantage_estimator, scale=rl.advantage_scale,
+                backend=self.kernel_backend)), np.float32)
             advantages = np.where(train_lengths > 0, advantages, 0.0).astype(np.float32)
             rows = None
             if self.skip_rows:

@@ -500,3 +500,21 @@ def test_micro_batched_logprob_pass_and_loop(make_trainer):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
     (m,) = run_steps(trainer, 1)
     assert np.isfinite(m["loss"]) and m["kl"] >= 0
+
+
+@pytest.mark.slow  # the Pallas kernels run in the interpreter on CPU (~1 min)
+def test_pallas_and_reference_backends_give_the_same_step(make_trainer):
+    """config.kernels.backend: the fused Pallas advantage and loss kernels (interpret mode
+    on CPU) give the reference's loss, metrics and updated params for the same step."""
+    weights = {"_test_text_length": 1.0}
+    out = {}
+    for backend in ("reference", "pallas"):
+        trainer, _ = make_trainer(f"--config.kernels.backend={backend}",
+                                  "--config.rl.beta=0.05", weights=weights)
+        (m,) = run_steps(trainer, 1)
+        out[backend] = (m, jax.device_get(trainer.state.params))
+    (ref, ref_params), (pal, pal_params) = out["reference"], out["pallas"]
+    for key in ("loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "grad_norm"):
+        assert pal[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(pal_params)):
+        np.testing.assert_allclose(a, b, atol=2e-4)
