@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _DTYPES = ("float32", "bfloat16", "float16")
+_LOGPROBS_IMPLS = ("auto", "full", "chunked")
 _REMAT = ("none", "block", "save_dots")
 
 
@@ -53,6 +54,11 @@ class ModelConfig:
             inference (prefill/decode) is unaffected. XLA:CPU drops the optimization barriers
             that keep the recomputation apart, so there remat saves memory only when compiled
             with `xla_disable_hlo_passes=cse_barrier_expander` (GPU/TPU need nothing).
+        logprobs_impl: how training scores completion tokens: "full" (materializes the
+            [B, L, V] logits), "chunked" (`jaxrl_reason.kernels.logprobs`: online logsumexp
+            over sequence and vocabulary chunks, forward and backward, never the full
+            logits), or "auto" (chunked on TPU/GPU, full on CPU).
+        logprobs_seq_chunk, logprobs_vocab_chunk: chunk sizes of "chunked".
     """
 
     vocab_size: int
@@ -74,6 +80,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: str = "none"
+    logprobs_impl: str = "auto"
+    logprobs_seq_chunk: int = 128
+    logprobs_vocab_chunk: int = 8192
 
     def __post_init__(self):
         problems = []
@@ -93,6 +102,9 @@ class ModelConfig:
                 problems.append(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
         if self.remat not in _REMAT:
             problems.append(f"remat must be one of {_REMAT}, got {self.remat!r}")
+        if self.logprobs_impl not in _LOGPROBS_IMPLS:
+            problems.append(f"logprobs_impl must be one of {_LOGPROBS_IMPLS}, got "
+                            f"{self.logprobs_impl!r}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_reason.kernels.logprobs import chunked_logprobs
 from jaxrl_reason.models.transformer import Transformer
 
 
@@ -24,6 +25,13 @@ def sequence_inputs(prompt_tokens, prompt_valid, completion_tokens, completion_m
     valid = jnp.concatenate([prompt_valid, completion_mask.astype(bool)], axis=1)
     positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
     return tokens, positions, valid
+
+
+def logprobs_impl(cfg) -> str:
+    """"full" or "chunked" for a ModelConfig ("auto": chunked on TPU/GPU, full on CPU)."""
+    if cfg.logprobs_impl != "auto":
+        return cfg.logprobs_impl
+    return "full" if jax.default_backend() == "cpu" else "chunked"
 
 
 def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
@@ -49,10 +57,17 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
     hidden, _ = model.apply({"params": params}, tokens[:, :-1], positions[:, :-1],
                             valid[:, :-1], return_hidden=True)
     hidden = hidden[:, prompt_len - 1: prompt_len - 1 + length]
+    mask = completion_mask.astype(jnp.float32)
+    if logprobs_impl(model.cfg) == "chunked":  # never materializes [N, L, V] logits
+        unembedding = model.apply({"params": params}, method=Transformer.unembedding)
+        logp, entropy = chunked_logprobs(
+            hidden, unembedding, completion_tokens, temperature=temperature,
+            softcap=model.cfg.final_logit_softcap, with_entropy=with_entropy,
+            seq_chunk=model.cfg.logprobs_seq_chunk, vocab_chunk=model.cfg.logprobs_vocab_chunk)
+        return logp * mask, entropy * mask
     logits = model.apply({"params": params}, hidden, method=Transformer.logits)
     logprobs = jax.nn.log_softmax(logits / temperature, axis=-1)
     logp = jnp.take_along_axis(logprobs, completion_tokens[..., None], axis=-1)[..., 0]
-    mask = completion_mask.astype(jnp.float32)
     if with_entropy:
         entropy = -jnp.sum(jnp.exp(logprobs) * logprobs, axis=-1)
     else:

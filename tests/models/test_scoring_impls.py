@@ -1,0 +1,39 @@
+"""completion_logprobs with model.logprobs_impl = "chunked" (never the [N, L, V] logits)
+gives the "full" values and gradients."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_reason import sharding as shd
+from jaxrl_reason.models.config import get_preset
+from jaxrl_reason.models.params import init_params
+from jaxrl_reason.models.scoring import completion_logprobs
+from jaxrl_reason.models.transformer import Transformer
+
+
+def test_chunked_logprobs_equal_full_values_and_gradients():
+    mesh = shd.make_mesh({"data": -1}, jax.devices()[:1])
+    full_cfg = dataclasses.replace(get_preset("test"), logprobs_impl="full")
+    chunk_cfg = dataclasses.replace(full_cfg, logprobs_impl="chunked", logprobs_seq_chunk=5,
+                                    logprobs_vocab_chunk=48)
+    params = init_params(full_cfg, jax.random.key(0), mesh, shd.DEFAULT_RULES)
+    rng = np.random.default_rng(0)
+    n, tp, length = 3, 6, 11
+    prompt = jnp.asarray(rng.integers(3, full_cfg.vocab_size, (n, tp)), jnp.int32)
+    valid = jnp.asarray(np.arange(tp)[None, :] >= np.array([[0], [2], [5]]))
+    completion = jnp.asarray(rng.integers(3, full_cfg.vocab_size, (n, length)), jnp.int32)
+    mask = jnp.asarray(np.arange(length)[None, :] < np.array([[11], [4], [0]]), jnp.float32)
+
+    def loss(p, cfg):
+        logp, ent = completion_logprobs(Transformer(cfg), p, prompt, valid, completion, mask,
+                                        temperature=0.7)
+        return jnp.sum(logp * 1.3) + jnp.sum(ent * 0.2), (logp, ent)
+
+    (lf, (logp_f, ent_f)), gf = jax.value_and_grad(loss, has_aux=True)(params, full_cfg)
+    (lc, (logp_c, ent_c)), gc = jax.value_and_grad(loss, has_aux=True)(params, chunk_cfg)
+    np.testing.assert_allclose(logp_c, logp_f, atol=1e-5)
+    np.testing.assert_allclose(ent_c, ent_f, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(gc), jax.tree.leaves(gf)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
