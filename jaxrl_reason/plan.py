@@ -31,6 +31,7 @@ import numpy as np
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.reliability import tree_bytes
 from jaxrl_reason.runtime import model_config
 from jaxrl_reason.rl.trainer import make_logprob_fn, make_update_fn
 from jaxrl_reason.sampling.sampler import Sampler
@@ -113,12 +114,12 @@ def _memory_and_cost(compiled) -> tuple[Any, dict]:
 
 
 def _arg_bytes(args) -> float:
-    """Per-device bytes of the (sharded) ShapeDtypeStruct leaves of `args`."""
+    """Per-device bytes of the (sharded) ShapeDtypeStruct leaves of `args` (PRNG keys: 8)."""
     total = 0.0
     for x in jax.tree.leaves(args):
         shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize if x.dtype != jax.eval_shape(
-            lambda: jax.random.key(0)).dtype else 8
+        key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        total += math.prod(shape) * (8 if key else x.dtype.itemsize)
     return total
 
 
@@ -191,7 +192,7 @@ def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
         max_new_tokens=length)
     per_token = 2 * num_params + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (tp + length)
     decode_flops = per_token * (p * tp + n * length)
-    param_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+    param_bytes = tree_bytes(params)
     n_dev = len(devices)
     programs.append(_compile(
         "sampler", lowered, params, decode_flops, n_dev,

@@ -449,6 +449,9 @@ def make_reward_pool(config) -> RewardPool:
                       timeout_s=config.rewards.timeout_s)
 
 
+_IMPORTED_PATHS: set[str] = set()
+
+
 def import_reward_modules(modules: Sequence[str]) -> None:
     """Imports each module (dotted name, or a path to a .py file) so its rewards register.
 
@@ -459,6 +462,8 @@ def import_reward_modules(modules: Sequence[str]) -> None:
     import os
 
     for module in modules:
+        if module in _IMPORTED_PATHS:  # validation and the pool both ask: run a file once
+            continue
         try:
             if str(module).endswith(".py"):
                 if not os.path.isfile(module):
@@ -467,6 +472,7 @@ def import_reward_modules(modules: Sequence[str]) -> None:
                 spec = importlib.util.spec_from_file_location(name, module)
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
+                _IMPORTED_PATHS.add(module)
             else:
                 importlib.import_module(module)
         except Exception as exc:

@@ -36,7 +36,6 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.reliability import Preempted, SkipGuard, apply_if_finite, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
-from jaxrl_reason.rl.advantages import group_stats
 from jaxrl_reason.kernels import dispatch as kernel_dispatch
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
 from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn, make_value_update_fn,
@@ -502,10 +501,12 @@ class RLTrainer:
         if rollout is None and (self.gae or not self.skip_rows):
             rollout = self.rollout(host)
         seq_rewards, extra_metrics = rewards.total, {}
+        # The sampler's log-probs of all rows, uploaded once (KL in the reward, TIS/sampler_kl).
+        all_sampler_logp = self._sampler_logp(host) if rollout is not None else None
         if rl.kl_in_reward and ref_logp is not None and not self.gae:
             # Sequence KL of the sampling policy to the reference, taken off the reward.
             penalty = np.asarray(jax.device_get(kl_reward_penalty(
-                self._sampler_logp(host), ref_logp, rollout.mask, beta=self.beta,
+                all_sampler_logp, ref_logp, rollout.mask, beta=self.beta,
                 estimator=rl.kl_estimator)), np.float32)
             seq_rewards = seq_rewards - penalty
             extra_metrics["reward/kl_penalty"] = float(np.mean(penalty))
@@ -513,7 +514,7 @@ class RLTrainer:
             values = self.value_fn(self.value_state.params, *rollout.scoring_args())
             kl = None
             if rl.kl_in_reward and ref_logp is not None:
-                kl = kl_penalty(self._sampler_logp(host), ref_logp, estimator=rl.kl_estimator)
+                kl = kl_penalty(all_sampler_logp, ref_logp, estimator=rl.kl_estimator)
             advantages, returns = ppo_advantages(
                 self.rt.put(np.asarray(seq_rewards, np.float32)), rollout.mask, values, kl,
                 jnp.float32(self.beta), gamma=rl.gamma, lam=rl.lam,
@@ -539,7 +540,9 @@ class RLTrainer:
         # Whole-batch normalizers: a subset of rows gives the whole batch's loss.
         batch.update(num_sequences=np.float32(num_rows),
                      num_tokens=np.float32(max(1, np.sum(train_lengths))),
-                     beta=np.float32(self.beta), sampler_logp=self._sampler_logp(host, rows))
+                     beta=np.float32(self.beta),
+                     sampler_logp=(all_sampler_logp if rows is None
+                                   else self._sampler_logp(host, rows)))
         if ref_logp is not None:
             batch["ref_logp"] = ref_logp
         if rl.num_iterations > 1:
@@ -578,12 +581,12 @@ class RLTrainer:
                                             rl.ref_sync_alpha)
 
     def _rollout_metrics(self, rewards, host) -> dict[str, float]:
-        stats = group_stats(jnp.asarray(rewards.total), self.rl.num_generations)
+        zero_variance = zero_variance_groups(rewards.total, self.rl.num_generations)
         lengths = host["lengths"]
         out = {
             "reward/mean": float(np.mean(rewards.total)),
             "reward/std": float(np.std(rewards.total)),
-            "frac_zero_variance_groups": float(np.mean(stats["zero_variance"])),
+            "frac_zero_variance_groups": float(np.mean(zero_variance)),
             "completion/length_mean": float(np.mean(lengths)),
             "completion/length_max": float(np.max(lengths)),
             "completion/truncated_frac": float(np.mean(host["truncated"])),
