@@ -21,18 +21,34 @@ ARGS = ["--config", f"{ARITH}:smoke", "--config.log.progress_bar=False",
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 
-def _train(workdir, *extra, kill_after=None):
+def _lines(workdir) -> int:
+    path = os.path.join(workdir, "metrics.jsonl")
+    return sum(1 for _ in open(path)) if os.path.exists(path) else 0
+
+
+def _train(workdir, *extra, kill_at=None):
+    """Runs `train`; with kill_at = (k, delay) it is SIGKILLed `delay` seconds after k more
+    metric lines appeared (k = 0: during start-up/compilation). Kill points follow progress,
+    not wall time, so they land before the run ends on a fast or a slow machine.
+    Returns (exit code or None if killed, output)."""
     cmd = [sys.executable, "-m", "jaxrl_reason.cli", "train", "--workdir", str(workdir),
            *ARGS, *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=kill_after if kill_after else 600)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate()
-        return None, out
-    return proc.returncode, out
+    log = open(os.path.join(os.path.dirname(workdir), "log.txt"), "a+")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                            text=True)
+    if kill_at is not None:
+        k, delay = kill_at
+        base, deadline = _lines(workdir), time.time() + 600
+        while proc.poll() is None and _lines(workdir) < base + k and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return None, ""
+    proc.wait(timeout=600)
+    log.seek(0)
+    return proc.returncode, log.read()
 
 
 def _metrics(workdir):
@@ -66,10 +82,9 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(tmp_path):
     kills = 0
     for attempt in range(12):
         extra = ("--resume",) if attempt else ()
-        # A smoke run takes ~30 s here (start-up and compiles ~15 s of it): kills land
-        # during start-up, SFT, evaluation, RL or a checkpoint save.
-        kill_after = float(rng.uniform(3, 14)) if kills < 4 else None
-        rc, out = _train(chaos, *extra, kill_after=kill_after)
+        # Kills land during start-up, SFT, evaluation, RL or a checkpoint save.
+        kill_at = (int(rng.integers(0, 3)), float(rng.uniform(0, 1.5))) if kills < 4 else None
+        rc, out = _train(chaos, *extra, kill_at=kill_at)
         if rc is None:
             kills += 1
             continue
