@@ -1,8 +1,10 @@
 """Decoder configuration: one dataclass for Llama / Qwen2 / Gemma-style variants, plus presets.
 
 A model family differs only in the switches below (bias on q/k/v, q/k norm, activation,
-embedding scaling, logit soft-capping, tied embeddings), so adding a family means adding a
-preset, not a new model class.
+embedding scaling, logit soft-capping, tied embeddings, RoPE scaling, sliding-window layers,
+Gemma's (1 + w) norms and post-norms), so adding a family means adding a preset, not a new
+model class. `jaxrl_reason.models.hf` maps Hugging Face `config.json` files of Llama 3, Qwen2,
+Qwen3, Gemma 2 and Gemma 3 (text) onto this config.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ _ACTIVATIONS = ("silu", "gelu_tanh")
 _DTYPES = ("float32", "bfloat16", "float16")
 _LOGPROBS_IMPLS = ("auto", "full", "chunked")
 _REMAT = ("none", "block", "save_dots")
+_ROPE_SCALINGS = (None, "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,32 @@ class ModelConfig:
         qk_norm: RMSNorm on queries and keys per head (Qwen3).
         embed_scale: multiply embeddings by sqrt(d_model) (Gemma).
         final_logit_softcap: if set, logits = cap * tanh(logits / cap) (Gemma 2).
+        attn_logit_softcap: if set, attention scores (after scaling, before the mask) become
+            cap * tanh(scores / cap) (Gemma 2).
+        query_pre_attn_scalar: attention scores are scaled by query_pre_attn_scalar ** -0.5
+            instead of head_dim ** -0.5 (Gemma 2/3); None = head_dim.
+        norm_plus_one: every RMSNorm (blocks, final, q/k norms) multiplies by (1 + scale)
+            with scale initialised to 0, as Gemma stores its norm weights.
+        post_norms: four norms per block (Gemma 2/3): the attention and MLP outputs are
+            normed again (`post_attn_norm`, `post_mlp_norm`) before the residual add.
+        rope_scaling: None, "linear" (all frequencies divided by rope_scaling_factor; Gemma 3's
+            global layers) or "llama3" (Llama 3.1/3.2: low frequencies divided by the factor,
+            high ones kept, a smooth interpolation between, per rope_low_freq_factor,
+            rope_high_freq_factor and rope_original_max_position). Applies to global layers
+            and, when rope_local_theta is None, to sliding-window layers too.
+        rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
+            rope_original_max_position: parameters of rope_scaling (as in the HF config's
+            `rope_scaling`: factor, low_freq_factor, high_freq_factor,
+            original_max_position_embeddings).
+        rope_local_theta: RoPE base of the sliding-window layers, unscaled (Gemma 3's
+            rope_local_base_freq); None = the global layers' RoPE.
+        sliding_window: if set, sliding-window layers let a query attend only to the keys of
+            the last `sliding_window` cache slots, itself included (slot distance < window;
+            a row's tokens occupy consecutive slots, as the left-padded sampler and scorer
+            lay them out). The KV cache stays full-length; older keys are masked.
+        sliding_window_pattern: which layers slide when sliding_window is set: 0 = every
+            layer; p >= 2 = every p-th layer is global (layer i is global iff (i + 1) % p == 0),
+            e.g. 2 for Gemma 2 (local, global, ...) and 6 for Gemma 3 (5 local : 1 global).
         dtype: compute dtype of activations and matmuls. With "bfloat16" every matmul, forward
             and backward, has bf16 operands, and the residual stream and MLP activations are
             bf16; RMSNorm statistics, RoPE, the attention scores (float32 results of the q.k
@@ -76,6 +105,18 @@ class ModelConfig:
     qk_norm: bool = False
     embed_scale: bool = False
     final_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None
+    norm_plus_one: bool = False
+    post_norms: bool = False
+    rope_scaling: str | None = None
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    rope_local_theta: float | None = None
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 0
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -105,8 +146,51 @@ class ModelConfig:
         if self.logprobs_impl not in _LOGPROBS_IMPLS:
             problems.append(f"logprobs_impl must be one of {_LOGPROBS_IMPLS}, got "
                             f"{self.logprobs_impl!r}")
+        problems += self._architecture_problems()
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+
+    def _architecture_problems(self) -> list[str]:
+        """Problems with the soft-capping, RoPE and sliding-window fields."""
+        problems = []
+
+        def positive(name, value, types=(int, float)):
+            if isinstance(value, bool) or not isinstance(value, types) or value <= 0:
+                problems.append(f"{name} must be positive, got {value!r}")
+
+        for name in ("final_logit_softcap", "attn_logit_softcap", "query_pre_attn_scalar",
+                     "rope_local_theta"):
+            if getattr(self, name) is not None:
+                positive(name, getattr(self, name))
+        positive("rope_theta", self.rope_theta)
+        if self.rope_scaling not in _ROPE_SCALINGS:
+            problems.append(f"rope_scaling must be one of {_ROPE_SCALINGS}, got "
+                            f"{self.rope_scaling!r}")
+        elif self.rope_scaling is not None:
+            positive("rope_scaling_factor", self.rope_scaling_factor)
+        if self.rope_scaling == "llama3":
+            positive("rope_low_freq_factor", self.rope_low_freq_factor)
+            positive("rope_original_max_position", self.rope_original_max_position, (int,))
+            if not self.rope_high_freq_factor > self.rope_low_freq_factor:
+                problems.append(f"rope_high_freq_factor={self.rope_high_freq_factor!r} must "
+                                f"exceed rope_low_freq_factor={self.rope_low_freq_factor!r}")
+        if self.sliding_window is not None:
+            positive("sliding_window", self.sliding_window, (int,))
+        pattern = self.sliding_window_pattern
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0 or pattern == 1:
+            problems.append(f"sliding_window_pattern must be 0 (every layer slides) or >= 2 "
+                            f"(every p-th layer is global), got {pattern!r}")
+        if self.rope_local_theta is not None and self.sliding_window is None:
+            problems.append("rope_local_theta applies to sliding-window layers; set "
+                            "sliding_window too")
+        return problems
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        """Whether decoder block `layer` (0-based) uses sliding-window attention."""
+        if self.sliding_window is None:
+            return False
+        p = self.sliding_window_pattern
+        return p == 0 or (layer + 1) % p != 0
 
     @property
     def num_params(self) -> int:
@@ -117,7 +201,7 @@ class ModelConfig:
             attn += h * hd + 2 * kv * hd
         if self.qk_norm:
             attn += 2 * hd
-        block = attn + 3 * d * f + 2 * d
+        block = attn + 3 * d * f + (4 if self.post_norms else 2) * d
         head = 0 if self.tie_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.n_layers * block + d + head
 
@@ -139,6 +223,43 @@ PRESETS: Mapping[str, ModelConfig] = {
                               n_kv_heads=2, head_dim=32, mlp_hidden=768),
     "bench-small": ModelConfig(vocab_size=8192, d_model=512, n_layers=8, n_heads=8,
                                n_kv_heads=2, head_dim=64, mlp_hidden=1536),
+    # Published shapes of real checkpoints (their config.json), for sizing and planning; the
+    # weights themselves load from a local directory with `jaxrl_reason.models.hf`.
+    "qwen2.5-1.5b": ModelConfig(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12,
+                                n_kv_heads=2, head_dim=128, mlp_hidden=8960,
+                                rope_theta=1_000_000.0, tie_embeddings=True, qkv_bias=True),
+    "qwen2.5-7b": ModelConfig(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28,
+                              n_kv_heads=4, head_dim=128, mlp_hidden=18944,
+                              rope_theta=1_000_000.0, qkv_bias=True),
+    "qwen3-1.7b": ModelConfig(vocab_size=151936, d_model=2048, n_layers=28, n_heads=16,
+                              n_kv_heads=8, head_dim=128, mlp_hidden=6144,
+                              rope_theta=1_000_000.0, tie_embeddings=True, qk_norm=True),
+    "llama3-8b": ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32,
+                             n_kv_heads=8, head_dim=128, mlp_hidden=14336,
+                             rope_theta=500_000.0, norm_eps=1e-5),
+    "llama3.1-8b": ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32,
+                               n_kv_heads=8, head_dim=128, mlp_hidden=14336,
+                               rope_theta=500_000.0, norm_eps=1e-5, rope_scaling="llama3",
+                               rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
+                               rope_high_freq_factor=4.0, rope_original_max_position=8192),
+    "llama3.2-1b": ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32,
+                               n_kv_heads=8, head_dim=64, mlp_hidden=8192,
+                               rope_theta=500_000.0, norm_eps=1e-5, tie_embeddings=True,
+                               rope_scaling="llama3", rope_scaling_factor=32.0,
+                               rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                               rope_original_max_position=8192),
+    "gemma2-2b": ModelConfig(vocab_size=256000, d_model=2304, n_layers=26, n_heads=8,
+                             n_kv_heads=4, head_dim=256, mlp_hidden=9216, tie_embeddings=True,
+                             activation="gelu_tanh", embed_scale=True, norm_plus_one=True,
+                             post_norms=True, final_logit_softcap=30.0, attn_logit_softcap=50.0,
+                             query_pre_attn_scalar=256.0, sliding_window=4096,
+                             sliding_window_pattern=2),
+    "gemma3-1b": ModelConfig(vocab_size=262144, d_model=1152, n_layers=26, n_heads=4,
+                             n_kv_heads=1, head_dim=256, mlp_hidden=6912, tie_embeddings=True,
+                             activation="gelu_tanh", embed_scale=True, norm_plus_one=True,
+                             post_norms=True, qk_norm=True, query_pre_attn_scalar=256.0,
+                             rope_theta=1_000_000.0, rope_local_theta=10_000.0,
+                             sliding_window=512, sliding_window_pattern=6),
 }
 
 

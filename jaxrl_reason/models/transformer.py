@@ -1,5 +1,9 @@
 """Decoder-only transformer in flax (linen): RMSNorm, RoPE, grouped-query attention, gated MLP.
 
+The switches of `ModelConfig` make it Llama 3 (RoPE scaling), Qwen2 (q/k/v bias), Qwen3 (q/k
+norm), Gemma 2 (GeGLU, (1 + w) norms, post-norms, soft-capping, alternating sliding-window
+layers) or Gemma 3 (q/k norm, 5 local : 1 global layers with their own RoPE base).
+
 One module serves training (full sequences, no cache), prefill (writes the KV cache) and
 decode (one token per row against the cache). Every parameter carries logical axis names
 (see `jaxrl_reason.sharding`); the model knows nothing about meshes, training or RL.
@@ -12,12 +16,14 @@ Conventions for all entry points:
                              cache length with one)
   cache       tuple of n_layers dicts {"k", "v"}: [B, S, n_kv_heads, head_dim]
   cache_index int32 []       slot of tokens[:, 0] in the cache (0 without a cache)
-Query t attends to key slot s iff s <= cache_index + t and key_valid[b, s].
+Query t attends to key slot s iff s <= cache_index + t and key_valid[b, s] (and, in a
+sliding-window layer, cache_index + t - s < sliding_window).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -36,16 +42,65 @@ def _init(cfg: ModelConfig, logical: Sequence[str | None], std: float | None = N
         nn.initializers.normal(cfg.init_std if std is None else std), tuple(logical))
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(head_dim: int, theta: float, scaling: str | None = None,
+                     factor: float = 1.0, low_freq_factor: float = 1.0,
+                     high_freq_factor: float = 4.0,
+                     original_max_position: int = 8192) -> jax.Array:
+    """RoPE inverse frequencies, float32 [head_dim // 2], as Hugging Face computes them.
+
+    scaling: None; "linear" (divide by `factor`); "llama3" (Llama 3.1: wavelengths longer
+    than original_max_position / low_freq_factor are divided by `factor`, shorter than
+    original_max_position / high_freq_factor kept, a smooth interpolation in between).
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim))
+    if scaling == "linear":
+        return inv_freq / factor
+    if scaling == "llama3":
+        wavelen = 2 * math.pi / inv_freq
+        low_wavelen = original_max_position / low_freq_factor
+        high_wavelen = original_max_position / high_freq_factor
+        scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = ((original_max_position / wavelen - low_freq_factor)
+                  / (high_freq_factor - low_freq_factor))
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return jnp.where(medium, smoothed, scaled)
+    if scaling is not None:
+        raise ValueError(f"unknown RoPE scaling {scaling!r}")
+    return inv_freq
+
+
+def layer_rope_frequencies(cfg: ModelConfig, sliding: bool) -> jax.Array | None:
+    """Inverse frequencies of a layer, or None for the plain `rope(x, positions, rope_theta)`.
+
+    Sliding-window layers use `rope_local_theta` unscaled when it is set; every other layer
+    uses rope_theta with `rope_scaling`.
+    """
+    if sliding and cfg.rope_local_theta is not None:
+        return rope_frequencies(cfg.head_dim, cfg.rope_local_theta)
+    if cfg.rope_scaling is None:
+        return None
+    return rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                            cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
+                            cfg.rope_high_freq_factor, cfg.rope_original_max_position)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float,
+         inv_freq: jax.Array | None = None) -> jax.Array:
     """Rotary embedding, rotate-half convention (as Llama/Qwen/Gemma checkpoints use).
 
     Args:
       x: [B, T, H, D] queries or keys (D even).
       positions: int32 [B, T].
+      theta: RoPE base (ignored when inv_freq is given).
+      inv_freq: optional float32 [D // 2] frequencies (`rope_frequencies`, for scaled RoPE).
     Returns: [B, T, H, D], same dtype as x (computed in float32).
     """
     half = x.shape[-1] // 2
-    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    if inv_freq is None:
+        freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    else:
+        freqs = inv_freq.astype(jnp.float32)
     angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, T, half]
     cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
     x32 = x.astype(jnp.float32)
@@ -86,38 +141,59 @@ def _einsum_f32_bwd(spec, residuals, g):
 _einsum_f32_low_precision.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
-def attention_mask(key_valid: jax.Array, num_queries: int, cache_index) -> jax.Array:
-    """Causal + validity mask.
+def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
+                   window: int | None = None) -> jax.Array:
+    """Causal + validity (+ sliding-window) mask.
 
     Args:
       key_valid: bool [B, S].
       num_queries: T.
       cache_index: int32 scalar, slot of the first query.
+      window: if set, a query sees only the keys of the last `window` slots, itself
+        included (query_slot - key_slot < window).
     Returns: bool [B, T, S].
     """
     query_slot = cache_index + jnp.arange(num_queries)[:, None]
-    causal = jnp.arange(key_valid.shape[1])[None, :] <= query_slot
-    return causal[None] & key_valid[:, None, :]
+    key_slot = jnp.arange(key_valid.shape[1])[None, :]
+    allowed = key_slot <= query_slot
+    if window is not None:
+        allowed = allowed & (query_slot - key_slot < window)
+    return allowed[None] & key_valid[:, None, :]
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last axis, computed in float32. x: [..., D] -> [..., D]."""
+    """RMSNorm over the last axis, computed in float32. x: [..., D] -> [..., D].
+
+    plus_one: multiply by (1 + scale) with scale initialised to 0 (Gemma's convention).
+    """
     eps: float
     param_dtype: Any = jnp.float32
     logical: tuple = ("embed",)
+    plus_one: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, self.logical),
+        init = nn.initializers.zeros if self.plus_one else nn.initializers.ones
+        scale = self.param("scale", nn.with_logical_partitioning(init, self.logical),
                            (x.shape[-1],), self.param_dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * scale.astype(jnp.float32)).astype(x.dtype)
+        scale32 = scale.astype(jnp.float32)
+        return (y * (1.0 + scale32 if self.plus_one else scale32)).astype(x.dtype)
+
+
+def _norm(cfg: ModelConfig, name: str, logical: tuple = ("embed",)) -> RMSNorm:
+    return RMSNorm(cfg.norm_eps, jnp.dtype(cfg.param_dtype), logical, cfg.norm_plus_one,
+                   name=name)
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE and an optional KV cache."""
+    """Grouped-query self-attention with RoPE and an optional KV cache.
+
+    sliding: this layer attends within `cfg.sliding_window` slots (and uses the local RoPE).
+    """
     cfg: ModelConfig
+    sliding: bool = False
 
     @nn.compact
     def __call__(self, x, positions, key_valid, cache, cache_index):
@@ -138,10 +214,11 @@ class Attention(nn.Module):
         k = proj("k_proj", cfg.n_kv_heads, "kv_heads")
         v = proj("v_proj", cfg.n_kv_heads, "kv_heads")
         if cfg.qk_norm:
-            q = RMSNorm(cfg.norm_eps, pdtype, ("head_dim",), name="q_norm")(q)
-            k = RMSNorm(cfg.norm_eps, pdtype, ("head_dim",), name="k_norm")(k)
-        q = rope(q, positions, cfg.rope_theta)
-        k = rope(k, positions, cfg.rope_theta)
+            q = _norm(cfg, "q_norm", ("head_dim",))(q)
+            k = _norm(cfg, "k_norm", ("head_dim",))(k)
+        inv_freq = layer_rope_frequencies(cfg, self.sliding)
+        q = rope(q, positions, cfg.rope_theta, inv_freq)
+        k = rope(k, positions, cfg.rope_theta, inv_freq)
 
         new_cache = None
         if cache is not None:
@@ -149,10 +226,15 @@ class Attention(nn.Module):
             k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
             v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
             new_cache = {"k": k, "v": v}
-        mask = attention_mask(key_valid, length, cache_index)  # [B, T, S]
+        window = cfg.sliding_window if self.sliding else None
+        mask = attention_mask(key_valid, length, cache_index, window)  # [B, T, S]
 
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
-        scores = einsum_f32("btkgd,bskd->bkgts", q, k.astype(dtype)) * (cfg.head_dim ** -0.5)
+        scale_dim = cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
+        scores = einsum_f32("btkgd,bskd->bkgts", q, k.astype(dtype)) * (scale_dim ** -0.5)
+        if cfg.attn_logit_softcap is not None:
+            cap = cfg.attn_logit_softcap
+            scores = cap * jnp.tanh(scores / cap)
         scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
@@ -182,19 +264,25 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: x + attn(norm(x)); x + mlp(norm(x))."""
+    """Pre-norm decoder block: x + attn(norm(x)); x + mlp(norm(x)).
+
+    With `cfg.post_norms` (Gemma 2/3): x + post_norm(attn(norm(x))); same for the MLP.
+    """
     cfg: ModelConfig
+    sliding: bool = False
 
     @nn.compact
     def __call__(self, x, positions, key_valid, cache, cache_index):
         cfg = self.cfg
-        pdtype = jnp.dtype(cfg.param_dtype)
-        h, new_cache = Attention(cfg, name="attn")(
-            RMSNorm(cfg.norm_eps, pdtype, name="attn_norm")(x), positions, key_valid, cache,
-            cache_index)
+        h, new_cache = Attention(cfg, self.sliding, name="attn")(
+            _norm(cfg, "attn_norm")(x), positions, key_valid, cache, cache_index)
+        if cfg.post_norms:
+            h = _norm(cfg, "post_attn_norm")(h)
         x = x + h
-        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.norm_eps, pdtype, name="mlp_norm")(x))
-        return x, new_cache
+        h = MLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x))
+        if cfg.post_norms:
+            h = _norm(cfg, "post_mlp_norm")(h)
+        return x + h, new_cache
 
 
 # Block per `ModelConfig.remat`. Remat only changes what the backward pass keeps: the forward
@@ -220,8 +308,9 @@ class Transformer(nn.Module):
         self.embedding = self.param("embedding", _init(cfg, ("vocab", "embed")),
                                     (cfg.vocab_size, cfg.d_model), pdtype)
         block = _BLOCKS[cfg.remat]
-        self.layers = [block(cfg, name=f"layer_{i}") for i in range(cfg.n_layers)]
-        self.final_norm = RMSNorm(cfg.norm_eps, pdtype)
+        self.layers = [block(cfg, cfg.layer_is_sliding(i), name=f"layer_{i}")
+                       for i in range(cfg.n_layers)]
+        self.final_norm = RMSNorm(cfg.norm_eps, pdtype, plus_one=cfg.norm_plus_one)
         if not cfg.tie_embeddings:
             self.lm_head = self.param("lm_head", _init(cfg, ("embed", "vocab")),
                                       (cfg.d_model, cfg.vocab_size), pdtype)

@@ -1,0 +1,661 @@
+"""Hugging Face checkpoints: `config.json` <-> ModelConfig, `*.safetensors` <-> params.
+
+Supported `model_type`s: llama (Llama 3 / 3.1 / 3.2), qwen2 (Qwen2 / 2.5), qwen3, gemma2,
+gemma3_text, and gemma3 (multimodal checkpoints: the `text_config` and the language model's
+tensors; the vision tower is skipped).
+
+Import streams tensor by tensor: each tensor is read from its file, laid out as our param
+(transposes and head reshapes), cast, and placed straight into its target `NamedSharding`
+before the next one is read, so the host never holds more than about one tensor beyond the
+params themselves. Export is the inverse (plus `config.json`), one output file at a time.
+
+Tensor layout, HF name (prefix `model.`) -> our param, per layer i (`L = layers.{i}`):
+  embed_tokens.weight [V, D]                  -> embedding [V, D]
+  lm_head.weight [V, D] (no prefix)           -> lm_head [D, V] (transposed; absent when tied)
+  norm.weight [D]                             -> final_norm.scale
+  L.self_attn.{q,k,v}_proj.weight [N*hd, D]   -> layer_i.attn.{q,k,v}_proj.kernel [D, N, hd]
+  L.self_attn.{q,k,v}_proj.bias [N*hd]        -> layer_i.attn.{q,k,v}_proj.bias [N, hd] (Qwen2)
+  L.self_attn.o_proj.weight [D, H*hd]         -> layer_i.attn.o_proj.kernel [H, hd, D]
+  L.self_attn.{q,k}_norm.weight [hd]          -> layer_i.attn.{q,k}_norm.scale (Qwen3, Gemma 3)
+  L.mlp.{gate,up}_proj.weight [F, D]          -> layer_i.mlp.{gate,up}_proj.kernel [D, F]
+  L.mlp.down_proj.weight [D, F]               -> layer_i.mlp.down_proj.kernel [F, D]
+  L.input_layernorm.weight                    -> layer_i.attn_norm.scale
+  Llama/Qwen: L.post_attention_layernorm      -> layer_i.mlp_norm.scale
+  Gemma:      L.post_attention_layernorm      -> layer_i.post_attn_norm.scale
+              L.pre_feedforward_layernorm     -> layer_i.mlp_norm.scale
+              L.post_feedforward_layernorm    -> layer_i.post_mlp_norm.scale
+Gemma's norm weights are stored as w with the norm multiplying by (1 + w); so are ours
+(`ModelConfig.norm_plus_one`), so every tensor maps without arithmetic and a round trip is
+bit-identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.params import abstract_params, param_shardings
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                  "gemma3_text": "Gemma3ForCausalLM"}
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+_HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+# HF config-class defaults for keys that published Gemma configs leave out (Gemma 3's
+# multimodal `text_config` in particular).
+_GEMMA_DEFAULTS = {
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                   num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=256, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
+                   query_pre_attn_scalar=256, sliding_window=4096, final_logit_softcapping=30.0,
+                   attn_logit_softcapping=50.0, hidden_activation="gelu_pytorch_tanh"),
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
+                        num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                        head_dim=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                        rope_theta=1_000_000.0, rope_local_base_freq=10000.0,
+                        query_pre_attn_scalar=256, sliding_window=4096,
+                        final_logit_softcapping=None, attn_logit_softcapping=None,
+                        hidden_activation="gelu_pytorch_tanh"),
+}
+# Tensors of a checkpoint that carry no parameter of ours.
+_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                     "model.multi_modal_projector.")
+_TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+
+
+def _safetensors():
+    try:
+        import safetensors
+        import safetensors.numpy
+    except ImportError as e:  # pragma: no cover - the dependency is declared
+        raise ImportError("reading Hugging Face checkpoints needs the `safetensors` package "
+                          "(pip install safetensors)") from e
+    return safetensors
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def _unsupported(where: str, what: str) -> ValueError:
+    return ValueError(f"{where}: unsupported {what}")
+
+
+def _rope_scaling_fields(spec: dict, max_positions: int | None, where: str) -> dict:
+    """ModelConfig RoPE-scaling fields from an HF rope dict ({"rope_type", "factor", ...})."""
+    kind = spec.get("rope_type", spec.get("type", "default"))
+    if spec.get("partial_rotary_factor", 1.0) != 1.0:
+        raise _unsupported(where, f"partial_rotary_factor={spec['partial_rotary_factor']!r}")
+    if kind == "default":
+        return {}
+    if kind == "linear":
+        return dict(rope_scaling="linear", rope_scaling_factor=float(spec["factor"]))
+    if kind == "llama3":
+        original = spec.get("original_max_position_embeddings", max_positions)
+        if original is None:
+            raise ValueError(f"{where}: llama3 rope scaling without "
+                             f"original_max_position_embeddings")
+        return dict(rope_scaling="llama3", rope_scaling_factor=float(spec["factor"]),
+                    rope_low_freq_factor=float(spec["low_freq_factor"]),
+                    rope_high_freq_factor=float(spec["high_freq_factor"]),
+                    rope_original_max_position=int(original))
+    raise _unsupported(where, f"rope type {kind!r} (supported: default, linear, llama3)")
+
+
+def _rope_fields(cj: dict, model_type: str, where: str) -> dict:
+    """rope_theta / scaling / local theta from either config format.
+
+    transformers 4 writes `rope_theta` + `rope_scaling` (+ Gemma 3's `rope_local_base_freq`);
+    transformers 5 writes `rope_parameters`, nested by layer type for Gemma 3.
+    """
+    params = cj.get("rope_parameters") or {}
+    nested = {"full_attention", "sliding_attention"} & set(params)
+    max_positions = cj.get("max_position_embeddings")
+    if model_type == "gemma3_text":
+        if nested:
+            global_rope = dict(params.get("full_attention") or {})
+            local = dict(params.get("sliding_attention") or {})
+        else:
+            global_rope = dict(cj.get("rope_scaling") or params)
+            local = {"rope_theta": cj.get("rope_local_base_freq")}
+        global_rope.setdefault("rope_theta", cj.get("rope_theta", 1_000_000.0))
+        if local.get("rope_theta") is None:
+            local["rope_theta"] = 10000.0
+        if local.get("rope_type", local.get("type", "default")) != "default":
+            raise _unsupported(where, f"rope scaling on sliding-window layers {local!r}")
+        fields = _rope_scaling_fields(global_rope, max_positions, where)
+        return dict(fields, rope_theta=float(global_rope["rope_theta"]),
+                    rope_local_theta=float(local["rope_theta"]))
+    if nested:
+        raise _unsupported(where, f"per-layer-type rope_parameters for {model_type}")
+    spec = dict(params or cj.get("rope_scaling") or {})
+    default_theta = _GEMMA_DEFAULTS.get(model_type, {}).get("rope_theta", 10000.0)
+    spec.setdefault("rope_theta", cj.get("rope_theta", default_theta))
+    return dict(_rope_scaling_fields(spec, max_positions, where),
+                rope_theta=float(spec["rope_theta"]))
+
+
+def _sliding_fields(cj: dict, model_type: str, n_layers: int, where: str) -> dict:
+    """sliding_window / sliding_window_pattern from `layer_types` (or the family default)."""
+    types = cj.get("layer_types")
+    if model_type not in ("gemma2", "gemma3_text"):
+        if cj.get("use_sliding_window"):
+            raise _unsupported(where, "use_sliding_window=true (Qwen sliding-window layers)")
+        if types and set(types) != {"full_attention"}:
+            raise _unsupported(where, f"layer_types {sorted(set(types))} for {model_type}")
+        return {}
+    if cj.get("use_bidirectional_attention"):
+        raise _unsupported(where, "use_bidirectional_attention=true")
+    window = cj.get("sliding_window", 4096)
+    if types is None:
+        pattern = 2 if model_type == "gemma2" else cj.get(
+            "sliding_window_pattern", cj.get("_sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                 for i in range(n_layers)]
+    if len(types) != n_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ValueError(f"{where}: layer_types must list 'sliding_attention' or "
+                         f"'full_attention' for each of the {n_layers} layers, got {types!r}")
+    if window is None or "sliding_attention" not in types:
+        return dict(sliding_window=None)
+    pattern = 0 if "full_attention" not in types else types.index("full_attention") + 1
+    expected = ["sliding_attention" if pattern == 0 or (i + 1) % pattern else "full_attention"
+                for i in range(n_layers)]
+    if pattern == 1 or types != expected:
+        raise _unsupported(where, f"layer_types {types!r}: only every-p-th-layer-global "
+                                  f"patterns are supported")
+    return dict(sliding_window=int(window), sliding_window_pattern=pattern)
+
+
+def config_from_hf(config_json: dict, *, source: str = "config.json") -> ModelConfig:
+    """ModelConfig (float32) from a Hugging Face `config.json` dict.
+
+    Raises ValueError naming `source` and the field for an unsupported model_type or feature
+    (o_proj / MLP biases, other RoPE types, bidirectional attention, irregular layer_types).
+    """
+    if not isinstance(config_json, dict):
+        raise ValueError(f"{source}: expected a JSON object, got {type(config_json).__name__}")
+    cj, model_type = config_json, config_json.get("model_type")
+    if model_type == "gemma3":
+        text = cj.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError(f"{source}: model_type 'gemma3' without a text_config object")
+        cj, model_type = text, text.get("model_type", "gemma3_text")
+        source = f"{source} (text_config)"
+    if model_type not in SUPPORTED_MODEL_TYPES or model_type == "gemma3":
+        raise ValueError(f"{source}: unsupported model_type {model_type!r}; supported: "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    gemma = model_type in _GEMMA_DEFAULTS
+    if gemma:
+        cj = {**_GEMMA_DEFAULTS[model_type], **cj}
+
+    def field(name, default=None, required=True):
+        if name in cj and cj[name] is not None:
+            return cj[name]
+        if required and default is None:
+            raise ValueError(f"{source}: missing field {name!r} (model_type {model_type!r})")
+        return default
+
+    for flag in ("mlp_bias", "attention_bias"):
+        if cj.get(flag):
+            raise _unsupported(source, f"{flag}=true for {model_type} (o_proj / MLP biases)")
+    act_key = "hidden_activation" if gemma and cj.get("hidden_activation") else "hidden_act"
+    act = field(act_key, "silu")
+    if act not in _ACTIVATIONS:
+        raise _unsupported(source, f"{act_key}={act!r} (supported: {sorted(_ACTIVATIONS)})")
+    d, heads = int(field("hidden_size")), int(field("num_attention_heads"))
+    n_layers = int(field("num_hidden_layers"))
+    kwargs: dict[str, Any] = dict(
+        vocab_size=int(field("vocab_size")), d_model=d, n_layers=n_layers, n_heads=heads,
+        n_kv_heads=int(field("num_key_value_heads", heads)),
+        head_dim=int(field("head_dim", d // heads)), mlp_hidden=int(field("intermediate_size")),
+        norm_eps=float(field("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(field("tie_word_embeddings", gemma, required=False)),
+        activation=_ACTIVATIONS[act], qkv_bias=model_type == "qwen2",
+        qk_norm=model_type in ("qwen3", "gemma3_text"))
+    kwargs.update(_rope_fields(cj, model_type, source))
+    kwargs.update(_sliding_fields(cj, model_type, n_layers, source))
+    if gemma:
+        for ours, theirs in (("final_logit_softcap", "final_logit_softcapping"),
+                             ("attn_logit_softcap", "attn_logit_softcapping"),
+                             ("query_pre_attn_scalar", "query_pre_attn_scalar")):
+            value = cj.get(theirs)
+            kwargs[ours] = None if value is None else float(value)
+        kwargs.update(embed_scale=True, norm_plus_one=True, post_norms=True)
+    try:
+        return ModelConfig(**kwargs)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from e
+
+
+def _family(cfg: ModelConfig) -> str:
+    """The HF model_type that represents `cfg` exactly; ValueError naming what does not fit."""
+    gemma_flags = (cfg.norm_plus_one, cfg.post_norms, cfg.embed_scale)
+    if any(gemma_flags):
+        if not all(gemma_flags) or cfg.qkv_bias:
+            raise ValueError("no Hugging Face family matches this config: Gemma needs "
+                             "norm_plus_one, post_norms and embed_scale together and no qkv_bias")
+        if not cfg.qk_norm:
+            if cfg.rope_local_theta is not None:
+                raise ValueError("gemma2 has one RoPE for all layers; rope_local_theta must be "
+                                 "None")
+            return "gemma2"
+        if cfg.rope_scaling is not None and cfg.rope_local_theta is None:
+            raise ValueError("gemma3 does not scale the RoPE of sliding-window layers; set "
+                             "rope_local_theta")
+        return "gemma3_text"
+    extras = dict(final_logit_softcap=cfg.final_logit_softcap,
+                  attn_logit_softcap=cfg.attn_logit_softcap, sliding_window=cfg.sliding_window)
+    if cfg.query_pre_attn_scalar not in (None, cfg.head_dim):
+        extras["query_pre_attn_scalar"] = cfg.query_pre_attn_scalar
+    extras = {k: v for k, v in extras.items() if v is not None}
+    if extras:
+        raise ValueError(f"no Hugging Face Llama/Qwen family has {sorted(extras)}")
+    if cfg.qkv_bias and cfg.qk_norm:
+        raise ValueError("no Hugging Face family has both qkv_bias and qk_norm")
+    return "qwen2" if cfg.qkv_bias else "qwen3" if cfg.qk_norm else "llama"
+
+
+def _hf_rope_scaling(cfg: ModelConfig) -> dict | None:
+    if cfg.rope_scaling == "linear":
+        return {"rope_type": "linear", "factor": cfg.rope_scaling_factor}
+    if cfg.rope_scaling == "llama3":
+        return {"rope_type": "llama3", "factor": cfg.rope_scaling_factor,
+                "low_freq_factor": cfg.rope_low_freq_factor,
+                "high_freq_factor": cfg.rope_high_freq_factor,
+                "original_max_position_embeddings": cfg.rope_original_max_position}
+    return None
+
+
+def _float_or_none(value):
+    return None if value is None else float(value)
+
+
+_CARRIED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings",
+                 "initializer_range")
+
+
+def hf_config(cfg: ModelConfig, *, dtype: str = "float32", base: dict | None = None) -> dict:
+    """The `config.json` dict of `cfg` (transformers 4 key names, which 5 also reads).
+
+    base: an original config.json whose token ids and max_position_embeddings are kept.
+    """
+    model_type = _family(cfg)
+    gemma = model_type.startswith("gemma")
+    out: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[model_type]], "model_type": model_type,
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.mlp_hidden, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim, "rms_norm_eps": float(cfg.norm_eps),
+        "tie_word_embeddings": cfg.tie_embeddings, "rope_theta": float(cfg.rope_theta),
+        "rope_scaling": _hf_rope_scaling(cfg), "torch_dtype": dtype,
+        ("hidden_activation" if gemma else "hidden_act"): _HF_ACTIVATIONS[cfg.activation],
+        "max_position_embeddings": max(8192, int(cfg.rope_original_max_position
+                                                 * cfg.rope_scaling_factor))
+        if cfg.rope_scaling == "llama3" else 8192,
+        "attention_bias": False,
+    }
+    if model_type == "llama":
+        out["mlp_bias"] = False
+    if model_type in ("qwen2", "qwen3"):
+        out["use_sliding_window"] = False
+        if model_type == "qwen2":
+            del out["attention_bias"]
+    if gemma:
+        layer_types = ["sliding_attention" if cfg.layer_is_sliding(i) else "full_attention"
+                       for i in range(cfg.n_layers)]
+        scalar = cfg.query_pre_attn_scalar or cfg.head_dim  # an int field in transformers 5
+        out.update(query_pre_attn_scalar=int(scalar) if scalar == int(scalar) else scalar,
+                   final_logit_softcapping=_float_or_none(cfg.final_logit_softcap),
+                   attn_logit_softcapping=_float_or_none(cfg.attn_logit_softcap),
+                   sliding_window=cfg.sliding_window, layer_types=layer_types)
+    if model_type == "gemma3_text":
+        out.update(rope_local_base_freq=float(cfg.rope_local_theta or cfg.rope_theta),
+                   sliding_window_pattern=cfg.sliding_window_pattern,
+                   use_bidirectional_attention=False)
+    for source in (base or {}, (base or {}).get("text_config") or {}):
+        out.update({k: source[k] for k in _CARRIED_KEYS if source.get(k) is not None})
+    return out
+
+
+def load_hf_config(path: str) -> ModelConfig:
+    """ModelConfig from `path/config.json`; FileNotFoundError / ValueError naming the file."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model "
+                                f"directory)")
+    with open(file) as f:
+        try:
+            config_json = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: not valid JSON ({e})") from e
+    return config_from_hf(config_json, source=file)
+
+
+# ----------------------------------------------------------------------------- tensor map
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One param <-> one HF tensor.
+
+    kind "same": identical layout; "flat": HF stores it flattened (biases [N*hd]);
+    "linear": HF stores W [out, in] and ours is a kernel [*in, *out] with `n_in` input axes.
+    """
+    path: tuple[str, ...]
+    name: str
+    kind: str = "same"
+    n_in: int = 1
+
+    def hf_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+        if self.kind == "flat":
+            return (math.prod(ours),)
+        if self.kind == "linear":
+            return (math.prod(ours[self.n_in:]), math.prod(ours[:self.n_in]))
+        return tuple(ours)
+
+    def to_ours(self, x: np.ndarray, ours: tuple[int, ...]) -> np.ndarray:
+        if self.kind == "linear":
+            return np.ascontiguousarray(x.T).reshape(ours)
+        return x.reshape(ours)
+
+    def to_hf(self, x: np.ndarray) -> np.ndarray:
+        if self.kind == "linear":
+            ins = math.prod(x.shape[:self.n_in])
+            return np.ascontiguousarray(x.reshape(ins, -1).T)
+        return x.reshape(self.hf_shape(x.shape))
+
+
+def tensor_map(cfg: ModelConfig, prefix: str = "model.", lm_head: str = "lm_head.weight"
+               ) -> list[_Entry]:
+    """Every param of `cfg` with its HF tensor name, in checkpoint order."""
+    entries = [_Entry(("embedding",), prefix + "embed_tokens.weight")]
+    mlp_norm = "pre_feedforward_layernorm" if cfg.post_norms else "post_attention_layernorm"
+    for i in range(cfg.n_layers):
+        ours, theirs = f"layer_{i}", f"{prefix}layers.{i}."
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            entries.append(_Entry((ours, "attn", proj, "kernel"),
+                                  f"{theirs}self_attn.{proj}.weight", "linear"))
+            if cfg.qkv_bias:
+                entries.append(_Entry((ours, "attn", proj, "bias"),
+                                      f"{theirs}self_attn.{proj}.bias", "flat"))
+        entries.append(_Entry((ours, "attn", "o_proj", "kernel"),
+                              f"{theirs}self_attn.o_proj.weight", "linear", 2))
+        if cfg.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                entries.append(_Entry((ours, "attn", norm, "scale"),
+                                      f"{theirs}self_attn.{norm}.weight"))
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            entries.append(_Entry((ours, "mlp", proj, "kernel"), f"{theirs}mlp.{proj}.weight",
+                                  "linear"))
+        norms = [("attn_norm", "input_layernorm"), ("mlp_norm", mlp_norm)]
+        if cfg.post_norms:
+            norms += [("post_attn_norm", "post_attention_layernorm"),
+                      ("post_mlp_norm", "post_feedforward_layernorm")]
+        for ours_norm, hf_norm in norms:
+            entries.append(_Entry((ours, ours_norm, "scale"), f"{theirs}{hf_norm}.weight"))
+    entries.append(_Entry(("final_norm", "scale"), prefix + "norm.weight"))
+    if not cfg.tie_embeddings:
+        entries.append(_Entry(("lm_head",), lm_head, "linear"))
+    return entries
+
+
+def _flat(tree: dict, prefix: tuple = ()) -> dict[tuple[str, ...], Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
+
+
+def _unflat(items: dict[tuple[str, ...], Any]) -> dict:
+    tree: dict = {}
+    for path, value in items.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class _Checkpoint:
+    """The safetensors files of a model directory: which tensor lives where, dtypes, shapes."""
+
+    def __init__(self, path: str):
+        st = _safetensors()
+        self.path = path
+        index = os.path.join(path, "model.safetensors.index.json")
+        single = os.path.join(path, "model.safetensors")
+        if os.path.isfile(index):
+            try:
+                with open(index) as f:
+                    weight_map = json.load(f)["weight_map"]
+                files = sorted(set(weight_map.values()))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(f"{index}: not a safetensors index ({e!r})") from e
+        elif os.path.isfile(single):
+            weight_map, files = None, ["model.safetensors"]
+        else:
+            raise FileNotFoundError(f"{path}: neither model.safetensors nor "
+                                    f"model.safetensors.index.json")
+        self._offsets: dict[str, dict[str, tuple[int, int]]] = {}  # file -> name -> bytes
+        self.location: dict[str, str] = {}  # tensor name -> file name
+        self.info: dict[str, tuple[str, tuple[int, ...]]] = {}  # name -> (dtype, shape)
+        for file in files:
+            full = os.path.join(path, file)
+            if not os.path.isfile(full):
+                raise FileNotFoundError(f"{index}: lists {file}, which does not exist")
+            try:
+                with st.safe_open(full, framework="numpy") as handle:
+                    for name in handle.keys():
+                        piece = handle.get_slice(name)
+                        self.location[name] = file
+                        self.info[name] = (piece.get_dtype(), tuple(piece.get_shape()))
+            except st.SafetensorError as e:
+                raise ValueError(f"{full}: not a readable safetensors file ({e})") from e
+        if weight_map is not None:
+            for name, file in weight_map.items():
+                if self.location.get(name) != file:
+                    raise ValueError(f"{index}: maps {name} to {file}, which has no such "
+                                     f"tensor")
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.path, self.location[name])
+
+    def read(self, handle, name: str) -> np.ndarray:
+        """One tensor as numpy (bf16 as ml_dtypes.bfloat16, which numpy alone cannot name)."""
+        dtype, shape = self.info[name]
+        if dtype not in _ST_DTYPES:
+            raise ValueError(f"{self.where(name)}: tensor {name} has dtype {dtype}; supported: "
+                             f"{sorted(_ST_DTYPES)}")
+        if dtype != "BF16":
+            return handle.get_tensor(name)
+        start, end = self._byte_ranges(self.location[name])[name]
+        count = math.prod(shape)
+        if end - start != 2 * count:
+            raise ValueError(f"{self.where(name)}: tensor {name} holds {end - start} bytes, "
+                             f"not {2 * count}")
+        return np.fromfile(self.where(name), dtype=ml_dtypes.bfloat16, count=count,
+                           offset=start).reshape(shape)
+
+    def _byte_ranges(self, file: str) -> dict[str, tuple[int, int]]:
+        """Absolute byte ranges of the tensors of `file` (from the safetensors header)."""
+        if file not in self._offsets:
+            with open(os.path.join(self.path, file), "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            self._offsets[file] = {
+                name: (8 + size + meta["data_offsets"][0], 8 + size + meta["data_offsets"][1])
+                for name, meta in header.items() if name != "__metadata__"}
+        return self._offsets[file]
+
+
+def _text_prefix(names: Iterable[str], where: str) -> str:
+    names = set(names)
+    for prefix in _TEXT_PREFIXES:
+        if prefix + "embed_tokens.weight" in names:
+            return prefix
+    raise ValueError(f"{where}: no embed_tokens.weight tensor under any of {_TEXT_PREFIXES}")
+
+
+def load_hf_checkpoint(path: str, mesh: Mesh, rules: Iterable[tuple[str, Any]], *,
+                       dtype: str = "float32", compute_dtype: str | None = None):
+    """Loads a Hugging Face model directory onto `mesh`, streaming tensor by tensor.
+
+    Args:
+      path: directory with config.json and model.safetensors (or sharded
+        model-0000i-of-0000n.safetensors files with model.safetensors.index.json).
+      mesh, rules: each param is placed in its `param_shardings(cfg, mesh, rules)` sharding.
+      dtype: storage dtype of the params ("float32", "bfloat16" or "float16").
+      compute_dtype: the config's `dtype` (activations and matmuls); default `dtype`.
+    Returns: (ModelConfig, params) with params a nested dict of `dtype` jax.Arrays.
+    Raises: FileNotFoundError for missing files; ValueError naming the tensor and file for a
+      missing, unexpected or misshaped tensor, and the config field for unsupported models.
+    """
+    st = _safetensors()
+    cfg = load_hf_config(path).replace(param_dtype=dtype, dtype=compute_dtype or dtype)
+    ckpt = _Checkpoint(path)
+    prefix = _text_prefix(ckpt.info, path)
+    lm_head = "language_model.lm_head.weight" if prefix == "language_model.model." else \
+        "lm_head.weight"
+    entries = {e.name: e for e in tensor_map(cfg, prefix, lm_head)}
+    shapes = {k: tuple(v.shape) for k, v in _flat(abstract_params(cfg)).items()}
+
+    missing = [name for name in entries if name not in ckpt.info]
+    if missing:
+        raise ValueError(f"{path}: missing tensor {missing[0]}" + (
+            f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    unexpected = [name for name in ckpt.info if name not in entries and not (
+        name.startswith(_SKIPPED_PREFIXES) or name.endswith("rotary_emb.inv_freq")
+        or (cfg.tie_embeddings and name == lm_head))]
+    if unexpected:
+        raise ValueError(f"{ckpt.where(unexpected[0])}: unexpected tensor {unexpected[0]} for "
+                         f"this config" + (f" (and {len(unexpected) - 1} more)"
+                                           if len(unexpected) > 1 else ""))
+    for name, entry in entries.items():
+        want = entry.hf_shape(shapes[entry.path])
+        if ckpt.info[name][1] != want:
+            raise ValueError(f"{ckpt.where(name)}: tensor {name} has shape "
+                             f"{list(ckpt.info[name][1])}, expected {list(want)} from "
+                             f"config.json")
+
+    shardings = _flat(param_shardings(cfg, mesh, rules))
+    target = np.dtype(jnp.dtype(dtype))
+    placed: dict[tuple[str, ...], jax.Array] = {}
+    for file in sorted(set(ckpt.location[name] for name in entries)):
+        with st.safe_open(os.path.join(path, file), framework="numpy") as handle:
+            for name, entry in entries.items():
+                if ckpt.location[name] != file:
+                    continue
+                value = entry.to_ours(ckpt.read(handle, name), shapes[entry.path])
+                value = value.astype(target, copy=False)
+                placed[entry.path] = jax.make_array_from_callback(
+                    value.shape, shardings[entry.path], lambda index, v=value: v[index])
+                del value
+    return cfg, _unflat(placed)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    """The full value of a (possibly multi-host) array on this host."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def export_hf_checkpoint(cfg: ModelConfig, params: Any, out_dir: str, *,
+                         dtype: str | None = None,
+                         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                         base_config: dict | None = None) -> list[str]:
+    """Writes `params` as a Hugging Face model directory (config.json + safetensors).
+
+    Args:
+      cfg, params: the model (params as returned by `load_hf_checkpoint` / `init_params`).
+      out_dir: created if needed; model files already there (model.safetensors, its index,
+        model-*-of-*.safetensors) are replaced.
+      dtype: dtype of the written tensors; None keeps each param's dtype.
+      max_shard_bytes: files larger than this are split into model-0000i-of-0000n.safetensors
+        with a model.safetensors.index.json (a single tensor is never split).
+      base_config: an original config.json whose token ids and max_position_embeddings are
+        carried over.
+    Returns: the paths of the written files. On multi-host, every process must call this
+      (params are gathered) and process 0 writes.
+    Raises ValueError when no supported HF family represents `cfg`.
+    """
+    st = _safetensors()
+    entries = tensor_map(cfg)
+    flat = _flat(params)
+    expected = {e.path for e in entries}
+    if set(flat) != expected:
+        raise ValueError(f"params do not match the config: extra {sorted(set(flat) - expected)[:3]}"
+                         f", missing {sorted(expected - set(flat))[:3]}")
+
+    def out_dtype(path):
+        return np.dtype(jnp.dtype(dtype if dtype is not None else flat[path].dtype))
+
+    dtypes = {str(out_dtype(e.path)) for e in entries}
+    config = hf_config(cfg, dtype=dtypes.pop() if len(dtypes) == 1 else "float32",
+                       base=base_config)
+    shards: list[list[_Entry]] = [[]]
+    used = 0
+    for e in entries:
+        size = flat[e.path].size * out_dtype(e.path).itemsize
+        if shards[-1] and used + size > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(e)
+        used += size
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(out_dir, exist_ok=True)
+        stale = glob.glob(os.path.join(out_dir, "model-*-of-*.safetensors")) + [
+            os.path.join(out_dir, n) for n in ("model.safetensors", "model.safetensors.index.json")]
+        for file in stale:
+            if os.path.isfile(file):
+                os.remove(file)
+    written, weight_map, total = [], {}, 0
+    for shard, name in zip(shards, names):
+        tensors = {e.name: e.to_hf(_host(flat[e.path]).astype(out_dtype(e.path), copy=False))
+                   for e in shard}
+        for e in shard:
+            weight_map[e.name] = name
+            total += tensors[e.name].nbytes
+        if writer:
+            st.numpy.save_file(tensors, os.path.join(out_dir, name), metadata={"format": "pt"})
+            written.append(os.path.join(out_dir, name))
+        del tensors
+    if writer:
+        if len(shards) > 1:
+            index = os.path.join(out_dir, "model.safetensors.index.json")
+            with open(index, "w") as f:
+                json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f,
+                          indent=2)
+            written.append(index)
+        config_path = os.path.join(out_dir, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(config, f, indent=2)
+        written.append(config_path)
+    return written
