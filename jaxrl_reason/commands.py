@@ -28,7 +28,7 @@ from jaxrl_reason.run_state import load_params, phase_dir, resolve_checkpoint_di
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.sampling.sampler import Sampler, left_pad
 from jaxrl_reason.sft import run_sft
-from jaxrl_reason.tokenizers import Tokenizer
+from jaxrl_reason.tokenizers import tokenizer_from_serialized
 from jaxrl_reason.validation import check_config
 
 
@@ -63,11 +63,10 @@ def _check_before_compiling(rt, workdir: str) -> None:
     params_bytes = tree_bytes(abstract_params(rt.model_cfg))
     copies = 3 + (config.rl.beta > 0) + 3 * (config.rl.advantage_estimator == "gae")
     check_workdir(workdir, copies * params_bytes, config.checkpoint.max_to_keep)
-    encode = lambda text: rt.tokenizer.encode(text, add_bos=True)  # noqa: E731
     sets = {"training data": task_source(config, "train", config.task.train_levels, 512,
                                          seed=config.seed)}
     sets.update(eval_runner.eval_sets(config))
-    check_prompt_lengths(encode, sets, config.task.prompt_buckets)
+    check_prompt_lengths(rt.encode_prompt, sets, config.task.prompt_buckets)
 
 
 def _say(text: str) -> None:
@@ -170,7 +169,7 @@ def eval(fv) -> int:  # noqa: A001 (the command's name)
         params_meta = ckpt.metadata()
     config = fv.config if fv.config is not None else _config_from_checkpoint(params_meta)
     # The checkpoint's own tokenizer: never train or write one next to a checkpoint.
-    tokenizer = Tokenizer.from_serialized(params_meta["tokenizer"])
+    tokenizer = tokenizer_from_serialized(params_meta["tokenizer"])
     rt = build_runtime(config, directory, tokenizer=tokenizer)
     params, _, _, _ = load_params(directory, rt.mesh, rt.rules)
     sets = None
@@ -193,7 +192,7 @@ def sample(fv) -> int:
     model = Transformer(model_cfg)
     sampler = Sampler(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
                       rules=rules)
-    ids = tokenizer.encode(fv.prompt, add_bos=True)
+    ids = tokenizer.encode(fv.prompt, add_bos=tokenizer.add_bos_token)
     tokens, valid = left_pad([ids], len(ids), tokenizer.pad_id)
     put = lambda x: jax.device_put(x, shd.replicated(mesh))  # noqa: E731
     out = sampler(params, put(tokens), put(valid), jax.random.key(fv.seed),

@@ -24,7 +24,7 @@ from jaxrl_reason.checkpointing import Checkpointer, abstract_like
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.sharding import replicated
-from jaxrl_reason.tokenizers import Tokenizer
+from jaxrl_reason.tokenizers import tokenizer_from_serialized
 from jaxrl_reason.train_state import TrainState
 
 PHASES = ("sft", "rl")
@@ -145,7 +145,7 @@ def load_params(path: str, mesh, rules, step: int | None = None):
       mesh, rules: target layout of the params.
       step: the step to load (an error if it is damaged); None = the newest complete step
         that is not damaged (damaged newer ones are skipped and reported on stderr).
-    Returns: (params, ModelConfig, Tokenizer, metadata).
+    Returns: (params, ModelConfig, Tokenizer or HFTokenizer, metadata).
     """
     directory = resolve_checkpoint_dir(path)
 
@@ -162,5 +162,5 @@ def load_params(path: str, mesh, rules, step: int | None = None):
         tree, meta = ckpt.restore(step, abstract_state_fn=target, partial=True)
         report_fallback(ckpt, f"loading params from {directory}")
     model_cfg = ModelConfig(**meta["model_config"])
-    tokenizer = Tokenizer.from_serialized(meta["tokenizer"])
+    tokenizer = tokenizer_from_serialized(meta["tokenizer"])
     return tree["train_state"]["params"], model_cfg, tokenizer, meta

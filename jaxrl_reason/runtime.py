@@ -20,7 +20,7 @@ from jaxrl_reason.data.tasks import get_task
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad, pick_bucket
-from jaxrl_reason.tokenizers import Tokenizer, train_tokenizer
+from jaxrl_reason.tokenizers import HFTokenizer, Tokenizer, load_tokenizer, train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -32,10 +32,15 @@ class Runtime:
     workdir: str
     mesh: Mesh
     rules: tuple
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | HFTokenizer
     model_cfg: ModelConfig
     model: Transformer
     sampler: Sampler
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids of one prompt text (python ints), with a bos first when the tokenizer's
+        model expects one (`add_bos_token`: every tokenizer trained here; not Qwen)."""
+        return self.tokenizer.encode(text, add_bos=self.tokenizer.add_bos_token)
 
     def encode_prompts(self, examples: Sequence[Mapping[str, Any]]):
         """Tokenizes and left-pads the prompts of `examples` to the smallest fitting bucket.
@@ -43,7 +48,7 @@ class Runtime:
         Returns numpy (tokens int32 [P, Tp], valid bool [P, Tp]). Raises ValueError naming
         the example when a prompt is longer than every bucket.
         """
-        ids = [self.tokenizer.encode(e["prompt"], add_bos=True) for e in examples]
+        ids = [self.encode_prompt(e["prompt"]) for e in examples]
         buckets = tuple(self.config.task.prompt_buckets)
         for e, row in zip(examples, ids):
             if len(row) > max(buckets):
@@ -82,16 +87,19 @@ def model_config(model: ml_collections.ConfigDict, vocab_size: int) -> ModelConf
     return ModelConfig(**fields)
 
 
-def build_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenizer | HFTokenizer:
     """The run's tokenizer: `tokenizer.path` if set, else the workdir's, else a new one.
+
+    `tokenizer.path` is a model directory (Hugging Face layout) or one vocabulary file
+    (`.model` or `tokenizer.json`), read by `load_tokenizer`.
 
     A newly trained tokenizer (deterministic for the config) is saved to the workdir so
     that every later phase and a resumed run use the very same ids.
     """
     if config.tokenizer.path:
-        if not os.path.isfile(config.tokenizer.path):
+        if not os.path.exists(config.tokenizer.path):
             raise FileNotFoundError(f"tokenizer.path={config.tokenizer.path!r} does not exist")
-        return Tokenizer.load(config.tokenizer.path)
+        return load_tokenizer(config.tokenizer.path)
     saved = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(saved):
         return Tokenizer.load(saved)
@@ -103,7 +111,7 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenize
 
 
 def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
-                  tokenizer: Tokenizer | None = None,
+                  tokenizer: Tokenizer | HFTokenizer | None = None,
                   devices: Sequence[jax.Device] | None = None) -> Runtime:
     """Builds mesh, tokenizer, model and sampler for `config` (no parameter allocation)."""
     mesh = shd.make_mesh(dict(config.mesh), devices)

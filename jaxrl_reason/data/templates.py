@@ -20,16 +20,20 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
+# The DeepSeek-R1-Zero instruction alone (no braces): the system message of an R1 chat
+# prompt (`jaxrl_reason.tokenizers.r1_messages`) and the head of the "r1" template.
+R1_INSTRUCTION = (
+    "A conversation between User and Assistant. The User asks a question, and the "
+    "Assistant solves it. The Assistant first thinks about the reasoning process in "
+    "the mind and then provides the User with the answer. The reasoning process and "
+    "answer are enclosed within <think> </think> and <answer> </answer> tags, "
+    "respectively, i.e., <think> reasoning process here </think> "
+    "<answer> answer here </answer>."
+)
+
 TEMPLATES: dict[str, str] = {
     "plain": "{prompt}",
-    "r1": (
-        "A conversation between User and Assistant. The User asks a question, and the "
-        "Assistant solves it. The Assistant first thinks about the reasoning process in "
-        "the mind and then provides the User with the answer. The reasoning process and "
-        "answer are enclosed within <think> </think> and <answer> </answer> tags, "
-        "respectively, i.e., <think> reasoning process here </think> "
-        "<answer> answer here </answer>.\nUser: {prompt}\nAssistant:"
-    ),
+    "r1": R1_INSTRUCTION + "\nUser: {prompt}\nAssistant:",
     "boxed": (
         "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
     ),
