@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 
 from jaxrl_reason import sharding as shd
+from jaxrl_reason.kernels import platform as kernel_platform
 from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.reliability import tree_bytes
@@ -69,6 +70,7 @@ class ProgramPlan:
     hbm_bytes: float
     model_flops: float      # over the whole slice, for MFU
     note: str = ""
+    mosaic_calls: int = 0   # Pallas kernels compiled by Mosaic (tpu_custom_call) in the HLO
 
     @property
     def total_bytes(self) -> float:
@@ -154,14 +156,23 @@ def _program(name, compiled, model_flops, note="", flops=None, hbm=None) -> Prog
         temp_bytes=float(mem.temp_size_in_bytes),
         flops=float(cost.get("flops", 0.0)) if flops is None else flops,
         hbm_bytes=float(cost.get("bytes accessed", 0.0)) if hbm is None else hbm,
-        model_flops=model_flops, note=note)
+        model_flops=model_flops, note=note,
+        mosaic_calls=compiled.as_text().count('custom_call_target="tpu_custom_call"'))
 
 
 def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     """Compiles the config's sampler, log-prob pass and RL update for `topology`.
 
+    Traced for TPU (`kernels.platform.target`): `kernels.backend` / `model.logprobs_impl`
+    "auto" choose what a TPU run would (the Pallas kernels, compiled by Mosaic, per device
+    under `shard_map`; chunked log-probs), not what this CPU host would.
     Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan]}.
     """
+    with kernel_platform.target("tpu"):
+        return _plan(config, topology)
+
+
+def _plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     chip, devices = topology_devices(topology)
     mesh = shd.make_mesh(dict(config.mesh), devices)
     rules = tuple((n, tuple(a) if isinstance(a, (list, tuple)) else a)
@@ -204,7 +215,7 @@ def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     rollout = (_sds((n, tp), jnp.int32, batch_sharding(2)), _sds((n, tp), bool, batch_sharding(2)),
                _sds((n, length), jnp.int32, batch_sharding(2)),
                _sds((n, length), jnp.float32, batch_sharding(2)))
-    logprob = make_logprob_fn(model, rl.temperature)
+    logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
     programs.append(_compile("log-prob pass", logprob.lower(params, *rollout), (params, rollout),
                              2 * num_params * n * (tp + length), n_dev))
 
@@ -226,7 +237,8 @@ def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
         batch["ref_logp"] = _sds((n, length), jnp.float32, batch_sharding(2))
     if rl.num_iterations > 1:
         batch["old_logp"] = _sds((n, length), jnp.float32, batch_sharding(2))
-    update = make_update_fn(model, optimizer, rl)
+    update = make_update_fn(model, optimizer, rl, mesh, rules,
+                            kernel_backend=config.kernels.backend)
     programs.append(_compile("update", update.lower(state, batch), (state, batch),
                              6 * num_params * n * (tp + length), n_dev))
     return {"chip": chip, "devices": n_dev, "mesh": dict(mesh.shape), "params": num_params,

@@ -2,12 +2,14 @@
 
 ``backend`` is one of:
 
-- ``"auto"``: the Pallas kernels on TPU, the jnp reference elsewhere. The kernels are written
-  for Mosaic TPU (sequential grid axes with resident accumulators, SMEM scalar prefetch,
-  ``pltpu.CompilerParams``); Pallas on GPU lowers to Triton/Mosaic GPU, which has none of
-  these, so GPU uses the reference too;
-- ``"pallas"``: the kernels; off TPU they run in the Pallas interpreter (``interpret=True``),
-  which is for tests, not for speed;
+- ``"auto"``: the Pallas kernels on TPU and GPU, the jnp reference elsewhere (CPU, where XLA
+  fuses the reference well and Pallas only interprets). Each kernel has two versions with
+  one signature: the Mosaic TPU one (``group_advantage.py``, ``policy_loss.py``: sequential
+  grid axes with resident accumulators, SMEM scalar prefetch) and the Triton one for GPU
+  (``*_gpu.py``: parallel programs that loop over the reduction dim, cross-program sums in
+  jnp); the platform picks;
+- ``"pallas"``: the kernels; off TPU/GPU they run in the Pallas interpreter
+  (``interpret=True``, the TPU version), which is for tests, not for speed;
 - ``"reference"``: the jnp functions of ``jaxrl_reason.rl``.
 
 The functions below take the reference functions' arguments plus ``backend`` and return what
@@ -15,8 +17,9 @@ the reference returns. Options a kernel does not implement fall back to the refe
 reason is logged once (``fallback_reason_*`` give it without running anything):
 
 - ``policy_loss``: ``policy_loss_mode`` "gspo" (a per-sequence ratio that needs the row's mean
-  log-ratio before any token's loss: a second pass) and "cispo" (not fused); ``sampler_logp``
-  / ``tis_cap`` (truncated importance sampling); empty ``[B, L]`` (``B == 0`` or ``L == 0``);
+  log-ratio before any token's loss: a second pass) and "cispo" (not fused); ``tis_cap``
+  (truncated importance sampling; ``sampler_logp`` without a cap only adds metrics, computed
+  next to the kernel); empty ``[B, L]`` (``B == 0`` or ``L == 0``);
 - ``group_advantages`` / ``group_stats``: none.
 
 Sharding: Mosaic kernels are not auto-partitioned. ``policy_loss`` takes ``mesh`` and
@@ -32,7 +35,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_reason.kernels import group_advantage as _ga
+from jaxrl_reason.kernels import platform as _platform
+from jaxrl_reason.kernels import group_advantage_gpu as _ga_gpu
 from jaxrl_reason.kernels import policy_loss as _pl
+from jaxrl_reason.kernels import policy_loss_gpu as _pl_gpu
 from jaxrl_reason.rl import advantages as _adv_ref
 from jaxrl_reason.rl import losses as _loss_ref
 
@@ -55,19 +61,25 @@ _logged: set[str] = set()
 def resolve_backend(backend: str) -> str:
     """``"auto"`` | ``"pallas"`` | ``"reference"`` -> ``"pallas"`` or ``"reference"``.
 
-    ``"auto"`` is ``"pallas"`` when ``jax.default_backend() == "tpu"``, else ``"reference"``.
-    Raises ValueError for any other name.
+    ``"auto"`` is ``"pallas"`` when the platform (``kernels.platform.current()``: the default
+    backend, or the target of an ahead-of-time compilation) is ``"tpu"`` or ``"gpu"``, else
+    ``"reference"``. Raises ValueError for any other name.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; known: {list(BACKENDS)}")
     if backend == "auto":
-        return "pallas" if jax.default_backend() == "tpu" else "reference"
+        return "pallas" if _platform.compiles_kernels() else "reference"
     return backend
 
 
 def _interpret() -> bool:
-    """Kernels compile only for TPU; anywhere else they run in the Pallas interpreter."""
-    return jax.default_backend() != "tpu"
+    """Kernels compile for TPU (Mosaic) and GPU (Triton); elsewhere they are interpreted."""
+    return not _platform.compiles_kernels()
+
+
+def _kernels():
+    """(group advantage module, policy loss module): Triton on GPU, Mosaic TPU otherwise."""
+    return (_ga_gpu, _pl_gpu) if _platform.current() == "gpu" else (_ga, _pl)
 
 
 def _note_fallback(name: str, reason: str) -> None:
@@ -92,7 +104,7 @@ def group_advantages(rewards, group_size: int, *, estimator: str = "grpo",
     if resolve_backend(backend) == "reference":
         return _adv_ref.group_advantages(rewards, group_size, estimator=estimator, scale=scale,
                                          eps=eps, ddof=ddof)
-    adv, _ = _ga.group_advantage(rewards, group_size, estimator=estimator, scale=scale,
+    adv, _ = _kernels()[0].group_advantage(rewards, group_size, estimator=estimator, scale=scale,
                                  eps=eps, ddof=ddof, interpret=_interpret())
     return adv
 
@@ -105,7 +117,7 @@ def group_stats(rewards, group_size: int, *, ddof: int = 0,
     """
     if resolve_backend(backend) == "reference":
         return _adv_ref.group_stats(rewards, group_size, ddof=ddof)
-    _, stats = _ga.group_advantage(rewards, group_size, estimator="grpo", scale="none",
+    _, stats = _kernels()[0].group_advantage(rewards, group_size, estimator="grpo", scale="none",
                                    ddof=ddof, interpret=_interpret())
     return stats
 
@@ -119,8 +131,8 @@ def fallback_reason_policy_loss(logp, *, policy_loss_mode: str = "ppo",
     if policy_loss_mode != "ppo":
         return (f"policy_loss_mode={policy_loss_mode!r} is not fused (the kernel implements "
                 f"the token-level 'ppo' surrogate)")
-    if sampler_logp is not None or tis_cap is not None:
-        return "sampler_logp / tis_cap (truncated importance sampling) are not fused"
+    if tis_cap is not None:
+        return "tis_cap (truncated importance sampling) is not fused"
     if 0 in jnp.shape(logp):
         return f"empty logp of shape {jnp.shape(logp)}"
     return None
@@ -154,8 +166,13 @@ def policy_loss(logp, old_logp, advantages, mask, *, loss_type: str, epsilon_low
         reason = fallback_reason_policy_loss(logp, policy_loss_mode=policy_loss_mode,
                                              sampler_logp=sampler_logp, tis_cap=tis_cap)
         if reason is None:
-            return _pl.policy_loss(logp, old_logp, advantages, mask, **kwargs,
-                                   interpret=_interpret(), mesh=mesh, batch_axes=batch_axes)
+            loss, metrics = _kernels()[1].policy_loss(
+                logp, old_logp, advantages, mask, **kwargs, interpret=_interpret(), mesh=mesh,
+                batch_axes=batch_axes)
+            if sampler_logp is not None:  # metrics only (no tis_cap): constants, no gradient
+                metrics = {**metrics,
+                           **_loss_ref.sampler_mismatch(old_logp, sampler_logp, mask)[1]}
+            return loss, metrics
         _note_fallback("policy_loss", reason)
     return _loss_ref.policy_loss(logp, old_logp, advantages, mask, **kwargs,
                                  policy_loss_mode=policy_loss_mode, sampler_logp=sampler_logp,

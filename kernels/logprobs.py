@@ -51,6 +51,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jaxrl_reason.kernels import platform as _platform
+
 IMPLS = ("full", "chunked", "pallas")
 
 
@@ -95,6 +97,13 @@ def token_logprobs(hidden, unembedding, targets, *, impl: str = "chunked",
         return chunked_logprobs(hidden, unembedding, targets, temperature=temperature,
                                 softcap=softcap, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk,
                                 with_entropy=with_entropy)
+    if impl == "pallas" and _platform.current() == "gpu":  # the Triton version
+        from jaxrl_reason.kernels import logprobs_gpu
+        gpu_blocks = block_sizes if isinstance(block_sizes, logprobs_gpu.BlockSizes) else None
+        return logprobs_gpu.pallas_logprobs(hidden, unembedding, targets,
+                                            temperature=temperature, softcap=softcap,
+                                            block_sizes=gpu_blocks, with_entropy=with_entropy,
+                                            interpret=interpret)
     if impl == "pallas":
         return pallas_logprobs(hidden, unembedding, targets, temperature=temperature,
                                softcap=softcap, block_sizes=block_sizes,

@@ -58,3 +58,22 @@ def test_plan_reports_a_program_that_does_not_fit_and_what_would_help():
     text = planner.format_report(report)
     assert "fits: NO" in text and "(does not fit)" in text
     assert "micro-batches" in text or "mesh.fsdp" in text
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", ["v5e:2x4", "v6e:2x4"])
+def test_every_pallas_kernel_compiles_for_tpu_inside_the_real_steps(topology):
+    """The update with the fused loss kernel and the Pallas log-prob kernels (forward and
+    backward; per device under shard_map on the 8-chip mesh), and the log-prob pass with
+    them, compile for v5e and v6e with Mosaic: the HLO holds their tpu_custom_calls."""
+    from jaxrl_reason import plan as planner
+
+    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
+                   topology, "--config.kernels.backend=pallas",
+                   "--config.model.logprobs_impl=pallas", "--config.rl.beta=0.04"])
+    report = planner.plan(fv.config, topology)
+    progs = {p.name: p for p in report["programs"]}
+    # forward (1) + backward (dh, dW) log-prob kernels + loss forward and backward
+    assert progs["update"].mosaic_calls >= 5, progs["update"].mosaic_calls
+    assert progs["log-prob pass"].mosaic_calls >= 1
+    assert all(0 < p.total_bytes < report["chip"].hbm_bytes for p in progs.values())

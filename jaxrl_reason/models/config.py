@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _DTYPES = ("float32", "bfloat16", "float16")
-_LOGPROBS_IMPLS = ("auto", "full", "chunked")
+_LOGPROBS_IMPLS = ("auto", "full", "chunked", "pallas")
 _REMAT = ("none", "block", "save_dots")
 _ROPE_SCALINGS = (None, "linear", "llama3")
 
@@ -86,7 +86,10 @@ class ModelConfig:
         logprobs_impl: how training scores completion tokens: "full" (materializes the
             [B, L, V] logits), "chunked" (`jaxrl_reason.kernels.logprobs`: online logsumexp
             over sequence and vocabulary chunks, forward and backward, never the full
-            logits), or "auto" (chunked on TPU/GPU, full on CPU).
+            logits), "pallas" (the same computation as Pallas kernels,
+            `kernels.logprobs.pallas_logprobs`: Mosaic on TPU, Triton on GPU, the interpreter
+            elsewhere; per device under `shard_map` over the batch axes, the unembedding
+            gathered), or "auto" (chunked on TPU/GPU, full on CPU).
         logprobs_seq_chunk, logprobs_vocab_chunk: chunk sizes of "chunked".
     """
 

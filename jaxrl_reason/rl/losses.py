@@ -342,6 +342,36 @@ def _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, sampler_l
                          f"{shape} (per token, e.g. GAE), got {jnp.shape(advantages)}")
 
 
+def sampler_mismatch(old_logp: Array, sampler_logp: Array, mask: Array, *,
+                     tis_cap: float | None = None) -> tuple[Array, dict[str, Array]]:
+    """Sampler/trainer mismatch: the truncated importance weight and its metrics.
+
+    Args:
+      old_logp, sampler_logp: float [B, L] trainer (old policy) and sampler log-probs of the
+        sampled tokens (constants: no gradient flows).
+      mask: bool/float [B, L].
+      tis_cap: the cap C > 0, or None (the weight is then the uncapped ratio).
+    Returns:
+      (w f32 [B, L] = min(exp(old_logp - sampler_logp), C) (1 where masked: both are 0);
+       {"sampler_kl": masked token mean of the k3 estimate of KL(sampler || old),
+        "tis_weight_mean", "tis_clip_frac" (0 without a cap)}).
+    """
+    valid = jnp.asarray(mask) != 0
+    m = valid.astype(jnp.float32)
+
+    def clean(x):
+        return jax.lax.stop_gradient(jnp.where(valid, jnp.asarray(x, jnp.float32), 0.0))
+
+    old, sampler = clean(old_logp), clean(sampler_logp)
+    weight = jnp.exp(old - sampler)                      # pi_old / pi_sampler
+    capped = jnp.zeros_like(m)
+    if tis_cap is not None:
+        weight, capped = jnp.minimum(weight, tis_cap), (weight > tis_cap).astype(jnp.float32)
+    return weight, {"sampler_kl": masked_mean(_kl_k3(sampler, old), m),
+                    "tis_weight_mean": masked_mean(weight, m),
+                    "tis_clip_frac": masked_mean(capped, m)}
+
+
 def policy_loss(
     logp: Array,
     old_logp: Array,
@@ -439,15 +469,11 @@ def policy_loss(
         clip_ratio_c=clip_ratio_c)
 
     if sampler_logp is not None:
-        sampler = clean(sampler_logp, True)
-        is_ratio = jnp.exp(old_logp - sampler)          # pi_old / pi_sampler, constant
-        tis_weight, capped = is_ratio, jnp.zeros_like(m)
+        tis_weight, sampler_metrics = sampler_mismatch(old_logp, sampler_logp, mask,
+                                                       tis_cap=tis_cap)
         if tis_cap is not None:
-            tis_weight, capped = jnp.minimum(is_ratio, tis_cap), is_ratio > tis_cap
             pg_tok = pg_tok * tis_weight
-        metrics.update(sampler_kl=masked_mean(_kl_k3(sampler, old_logp), m),
-                       tis_weight_mean=masked_mean(tis_weight, m),
-                       tis_clip_frac=masked_mean(capped, m))
+        metrics.update(sampler_metrics)
 
     tok = pg_tok
     if ref_logp is not None:

@@ -92,10 +92,12 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
     """Jitted (params, rollout arrays) -> logp f32 [N, L] (old-policy / reference scoring),
     computed `micro_batches` slices of rows at a time (lower peak memory, same values)."""
 
+    batch_axes = dict(rules).get("batch") if mesh is not None else None
+
     def one(params, prompt_tokens, prompt_valid, completion_tokens, mask):
         logp, _ = completion_logprobs(model, params, prompt_tokens, prompt_valid,
                                       completion_tokens, mask, temperature=temperature,
-                                      with_entropy=False)
+                                      with_entropy=False, mesh=mesh, batch_axes=batch_axes)
         return logp
 
     def fn(params, *rows):
@@ -228,7 +230,8 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
     def loss_fn(params, batch):
         logp, entropy = completion_logprobs(
             model, params, batch["prompt_tokens"], batch["prompt_valid"],
-            batch["completion_tokens"], batch["mask"], temperature=rl.temperature)
+            batch["completion_tokens"], batch["mask"], temperature=rl.temperature, mesh=mesh,
+            batch_axes=batch_axes)
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
         in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
         return kernel_dispatch.policy_loss(

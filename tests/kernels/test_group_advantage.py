@@ -104,7 +104,7 @@ def test_jit_and_dispatch():
 def test_resolve_backend():
     assert dispatch.resolve_backend("reference") == "reference"
     assert dispatch.resolve_backend("pallas") == "pallas"
-    expected = "pallas" if jax.default_backend() == "tpu" else "reference"
+    expected = "pallas" if jax.default_backend() in ("tpu", "gpu") else "reference"
     assert dispatch.resolve_backend("auto") == expected
     with pytest.raises(ValueError, match="unknown kernel backend"):
         dispatch.resolve_backend("triton")

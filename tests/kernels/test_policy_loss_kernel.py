@@ -250,3 +250,21 @@ def test_aot_compiles_for_tpu_v5e():
         text = compiled.as_text()
         assert text.count("tpu_custom_call") == 2  # forward and backward
         assert "all-gather" not in text
+
+
+def test_sampler_logp_without_a_cap_keeps_the_kernel_and_adds_the_mismatch_metrics():
+    """The trainer always passes the sampler's log-probs (for the sampler_kl metric); without
+    tis_cap that must not push the loss off the kernel."""
+    x = _inputs(4, 4, 20)
+    sampler = x["old_logp"] + 0.05 * jnp.sin(jnp.arange(20.0))
+    assert dispatch.fallback_reason_policy_loss(x["logp"], sampler_logp=sampler) is None
+    common = dict(loss_type="bnpo", sampler_logp=sampler, **EPS)
+    loss, metrics = dispatch.policy_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"],
+                                         backend="pallas", **common)
+    ref_loss, ref_metrics = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"],
+                                                  x["mask"], **common)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    assert set(metrics) == set(ref_metrics)
+    for key in ("sampler_kl", "tis_weight_mean", "tis_clip_frac"):
+        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-8)
+    assert float(metrics["sampler_kl"]) > 0

@@ -1,6 +1,8 @@
-"""completion_logprobs with model.logprobs_impl = "chunked" (never the [N, L, V] logits)
-gives the "full" values and gradients."""
+"""completion_logprobs with model.logprobs_impl = "chunked" or "pallas" (never the
+[N, L, V] logits) gives the "full" values and gradients."""
 import dataclasses
+
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -13,22 +15,27 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.models.transformer import Transformer
 
 
-def test_chunked_logprobs_equal_full_values_and_gradients():
-    mesh = shd.make_mesh({"data": -1}, jax.devices()[:1])
+@pytest.mark.parametrize("impl, devices", [("chunked", 1), ("pallas", 1), ("pallas", 4)])
+def test_lean_logprobs_equal_full_values_and_gradients(impl, devices):
+    """"pallas" on 4 devices: the kernels run per device under shard_map (rows split)."""
+    mesh = shd.make_mesh({"data": -1}, jax.devices()[:devices])
     full_cfg = dataclasses.replace(get_preset("test"), logprobs_impl="full")
-    chunk_cfg = dataclasses.replace(full_cfg, logprobs_impl="chunked", logprobs_seq_chunk=5,
+    chunk_cfg = dataclasses.replace(full_cfg, logprobs_impl=impl, logprobs_seq_chunk=5,
                                     logprobs_vocab_chunk=48)
     params = init_params(full_cfg, jax.random.key(0), mesh, shd.DEFAULT_RULES)
     rng = np.random.default_rng(0)
-    n, tp, length = 3, 6, 11
+    n, tp, length = 4, 6, 11
     prompt = jnp.asarray(rng.integers(3, full_cfg.vocab_size, (n, tp)), jnp.int32)
-    valid = jnp.asarray(np.arange(tp)[None, :] >= np.array([[0], [2], [5]]))
+    valid = jnp.asarray(np.arange(tp)[None, :] >= np.array([[0], [2], [5], [1]]))
     completion = jnp.asarray(rng.integers(3, full_cfg.vocab_size, (n, length)), jnp.int32)
-    mask = jnp.asarray(np.arange(length)[None, :] < np.array([[11], [4], [0]]), jnp.float32)
+    mask = jnp.asarray(np.arange(length)[None, :] < np.array([[11], [4], [0], [7]]),
+                       jnp.float32)
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    prompt, valid, completion, mask = jax.device_put((prompt, valid, completion, mask), rows)
 
     def loss(p, cfg):
         logp, ent = completion_logprobs(Transformer(cfg), p, prompt, valid, completion, mask,
-                                        temperature=0.7)
+                                        temperature=0.7, mesh=mesh, batch_axes="data")
         return jnp.sum(logp * 1.3) + jnp.sum(ent * 0.2), (logp, ent)
 
     (lf, (logp_f, ent_f)), gf = jax.value_and_grad(loss, has_aux=True)(params, full_cfg)

@@ -504,12 +504,14 @@ def test_micro_batched_logprob_pass_and_loop(make_trainer):
 
 @pytest.mark.slow  # the Pallas kernels run in the interpreter on CPU (~1 min)
 def test_pallas_and_reference_backends_give_the_same_step(make_trainer):
-    """config.kernels.backend: the fused Pallas advantage and loss kernels (interpret mode
-    on CPU) give the reference's loss, metrics and updated params for the same step."""
+    """config.kernels.backend and model.logprobs_impl: the fused Pallas advantage, loss and
+    log-prob kernels (interpret mode on CPU; the log-probs per device under shard_map) give
+    the reference's loss, metrics and updated params for the same step."""
     weights = {"_test_text_length": 1.0}
     out = {}
-    for backend in ("reference", "pallas"):
+    for backend, logprobs in (("reference", "full"), ("pallas", "pallas")):
         trainer, _ = make_trainer(f"--config.kernels.backend={backend}",
+                                  f"--config.model.logprobs_impl={logprobs}",
                                   "--config.rl.beta=0.05", weights=weights)
         (m,) = run_steps(trainer, 1)
         out[backend] = (m, jax.device_get(trainer.state.params))
