@@ -36,7 +36,8 @@ from jaxrl_reason.reliability import tree_bytes
 from jaxrl_reason.runtime import model_config
 from jaxrl_reason.rl.trainer import make_logprob_fn, make_update_fn
 from jaxrl_reason.sampling.sampler import Sampler
-from jaxrl_reason.train_state import (TrainState, learning_rate_schedule, make_optimizer)
+from jaxrl_reason.train_state import (TrainState, learning_rate_schedule, make_optimizer,
+                                      opt_state_shardings)
 
 GiB = 2**30
 
@@ -223,10 +224,9 @@ def _plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     optimizer = make_optimizer(learning_rate_schedule(rl.learning_rate, rl.warmup_steps,
                                                       rl.steps, rl.lr_decay),
                                weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
-    init = jax.jit(optimizer.init).lower(params).compile()
-    on_mesh = lambda s: s if isinstance(s, jax.sharding.NamedSharding) else rep  # noqa: E731
-    opt_state = jax.tree.map(lambda x, s: _sds(x.shape, x.dtype, on_mesh(s)),
-                             jax.eval_shape(optimizer.init, params), init.output_shardings)
+    opt_state = jax.tree.map(lambda x, s: _sds(x.shape, x.dtype, s),
+                             jax.eval_shape(optimizer.init, params),
+                             opt_state_shardings(optimizer, params))
     state = TrainState(step=_sds((), jnp.int32, rep), params=params, opt_state=opt_state)
     batch = dict(zip(("prompt_tokens", "prompt_valid", "completion_tokens", "mask"), rollout))
     batch.update(advantages=_sds((n,), jnp.float32, batch_sharding(1)),

@@ -1,8 +1,9 @@
 """Training state shared by SFT and RL: params + optimizer state + step, and the optimizer.
 
-The optimizer state is created by a jitted `init` whose outputs inherit the params' sharding
-(Adam moments have the params' shapes, so XLA lays them out like the params: FSDP shards the
-optimizer state for free).
+The optimizer state is created by a jitted `init` whose outputs are laid out explicitly like
+the params (`opt_state_shardings`): Adam moments are params-shaped, so FSDP shards them too
+(ZeRO-3). XLA would not do it by itself: `zeros_like(params)` does not depend on the params'
+values, so without out_shardings the moments came back replicated on every device.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float
     return optax.chain(*parts)
 
 
+def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any) -> Any:
+    """Shardings of `optimizer.init(params)`: params-shaped parts (Adam's mu and nu) take
+    their param's sharding, everything else (step counts) is replicated on the params' mesh.
+
+    Args: params: arrays or `jax.ShapeDtypeStruct`s carrying `NamedSharding`s on one mesh.
+    Returns: a pytree of `NamedSharding`s with the optimizer state's structure, or None
+      when the params are not laid out on a mesh.
+    """
+    leaves = jax.tree.leaves(params)
+    first = getattr(leaves[0], "sharding", None) if leaves else None
+    if not isinstance(first, jax.sharding.NamedSharding):
+        return None
+    replicated = jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
+    abstract = jax.eval_shape(optimizer.init, params)
+    return optax.tree_map_params(optimizer, lambda _, param: param.sharding, abstract, params,
+                                 transform_non_params=lambda _: replicated)
+
+
 def create_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
     """A TrainState at step 0 whose optimizer state is laid out like `params`.
 
@@ -53,7 +72,8 @@ def create_train_state(params: Any, optimizer: optax.GradientTransformation) -> 
     placed on it replicated: a donated update returns them that way, and inputs laid out
     differently on the first call would make every update function compile twice.
     """
-    opt_state = jax.jit(optimizer.init)(params)
+    opt_state = jax.jit(optimizer.init,
+                        out_shardings=opt_state_shardings(optimizer, params))(params)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
     sharding = getattr(jax.tree.leaves(params)[0], "sharding", None) if params else None
     if not isinstance(sharding, jax.sharding.NamedSharding):
