@@ -44,20 +44,26 @@ def test_plan_command_prints_the_table_and_names_a_bad_topology(capsys):
 
 @needs_libtpu
 def test_plan_reports_a_program_that_does_not_fit_and_what_would_help():
-    """Two layers with a 64k vocabulary and 64 rows of 2k tokens: the update's logits and
-    their gradient exceed a v5e chip; XLA refuses it and the plan says so."""
+    """Two layers with a 64k vocabulary and 64 rows of 2k tokens: with full logits the
+    update's [B, L, V] logits and their gradient exceed a v5e chip, XLA refuses it and the
+    plan says so; the memory-lean log-probs ("auto" on TPU: chunked) make the same step fit."""
     from jaxrl_reason import plan as planner
 
-    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
-                   "v5e:2x2", "--config.model.n_layers=2", "--config.model.vocab_size=65536",
-                   "--config.rl.batch_prompts=16", "--config.rl.num_generations=4",
-                   "--config.rl.max_new_tokens=2048", "--config.rl.train_length_bucket=64"])
+    args = ["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology", "v5e:2x2",
+            "--config.model.n_layers=2", "--config.model.vocab_size=65536",
+            "--config.rl.batch_prompts=16", "--config.rl.num_generations=4",
+            "--config.rl.max_new_tokens=2048", "--config.rl.train_length_bucket=64"]
+    _, fv = parse(args + ["--config.model.logprobs_impl=full"])
     report = planner.plan(fv.config, "v5e:2x2")
     update = report["programs"][-1]
     assert update.total_bytes > report["chip"].hbm_bytes
     text = planner.format_report(report)
     assert "fits: NO" in text and "(does not fit)" in text
     assert "micro-batches" in text or "mesh.fsdp" in text
+
+    _, fv = parse(args)
+    lean = planner.plan(fv.config, "v5e:2x2")["programs"][-1]
+    assert lean.total_bytes < report["chip"].hbm_bytes < update.total_bytes
 
 
 @needs_libtpu

@@ -187,6 +187,39 @@ def _norm(cfg: ModelConfig, name: str, logical: tuple = ("embed",)) -> RMSNorm:
                    name=name)
 
 
+def _attend(cfg: ModelConfig, q, k, v, mask):
+    """Softmax attention of q [B, T, K, G, hd] over k, v [B, S, K, hd] with mask bool
+    [B, T, S] (True = may attend); scores and softmax in float32. Returns [B, T, K, G, hd]
+    in q's dtype."""
+    scale_dim = cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
+    scores = einsum_f32("btkgd,bskd->bkgts", q, k) * (scale_dim ** -0.5)
+    if cfg.attn_logit_softcap is not None:
+        cap = cfg.attn_logit_softcap
+        scores = cap * jnp.tanh(scores / cap)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+
+
+def _chunked_attention(cfg: ModelConfig, q, k, v, mask, chunk: int):
+    """`_attend` over query chunks of `chunk` positions, one at a time (`lax.map`), each
+    rematerialized in the backward pass: the [B, K, G, T, S] score tensors become
+    [B, K, G, chunk, S] (memory-efficient attention, Rabe & Staats 2021). Same values.
+    T need not be a multiple of `chunk` (the queries are padded, the padding dropped)."""
+    batch, length = q.shape[:2]
+    n = -(-length // chunk)
+    pad = n * chunk - length
+    if pad:
+        q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+        mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
+    qs = jnp.moveaxis(q.reshape(batch, n, chunk, *q.shape[2:]), 1, 0)
+    ms = jnp.moveaxis(mask.reshape(batch, n, chunk, mask.shape[-1]), 1, 0)
+    step = jax.checkpoint(lambda qm: _attend(cfg, qm[0], k, v, qm[1]))
+    out = jax.lax.map(step, (qs, ms))                       # [n, B, chunk, K, G, hd]
+    out = jnp.moveaxis(out, 0, 1).reshape(batch, n * chunk, *q.shape[2:])
+    return out[:, :length]
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE and an optional KV cache.
 
@@ -230,14 +263,12 @@ class Attention(nn.Module):
         mask = attention_mask(key_valid, length, cache_index, window)  # [B, T, S]
 
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
-        scale_dim = cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
-        scores = einsum_f32("btkgd,bskd->bkgts", q, k.astype(dtype)) * (scale_dim ** -0.5)
-        if cfg.attn_logit_softcap is not None:
-            cap = cfg.attn_logit_softcap
-            scores = cap * jnp.tanh(scores / cap)
-        scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
+        k, v = k.astype(dtype), v.astype(dtype)
+        chunk = cfg.attention_chunk
+        if chunk and length > chunk:
+            out = _chunked_attention(cfg, q, k, v, mask, chunk)
+        else:
+            out = _attend(cfg, q, k, v, mask)
         out = out.reshape(batch, length, cfg.n_heads, cfg.head_dim)
         out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=dtype,
                               param_dtype=pdtype, name="o_proj",

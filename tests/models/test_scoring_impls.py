@@ -44,3 +44,31 @@ def test_lean_logprobs_equal_full_values_and_gradients(impl, devices):
     np.testing.assert_allclose(ent_c, ent_f, atol=1e-5)
     for a, b in zip(jax.tree.leaves(gc), jax.tree.leaves(gf)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [4, 7])
+def test_chunked_attention_equals_full_attention_values_and_gradients(chunk):
+    """model.attention_chunk: queries attended `chunk` at a time (remat per chunk), T not a
+    multiple of the chunk, left padding and a sliding window: same log-probs and grads."""
+    mesh = shd.make_mesh({"data": -1}, jax.devices()[:1])
+    full_cfg = dataclasses.replace(get_preset("test"), logprobs_impl="full",
+                                   sliding_window=6, sliding_window_pattern=2,
+                                   attn_logit_softcap=20.0)
+    chunk_cfg = dataclasses.replace(full_cfg, attention_chunk=chunk)
+    params = init_params(full_cfg, jax.random.key(1), mesh, shd.DEFAULT_RULES)
+    rng = np.random.default_rng(1)
+    n, tp, length = 3, 6, 11
+    prompt = jnp.asarray(rng.integers(3, full_cfg.vocab_size, (n, tp)), jnp.int32)
+    valid = jnp.asarray(np.arange(tp)[None, :] >= np.array([[0], [2], [5]]))
+    completion = jnp.asarray(rng.integers(3, full_cfg.vocab_size, (n, length)), jnp.int32)
+    mask = jnp.asarray(np.arange(length)[None, :] < np.array([[11], [4], [1]]), jnp.float32)
+
+    def loss(p, cfg):
+        logp, ent = completion_logprobs(Transformer(cfg), p, prompt, valid, completion, mask)
+        return jnp.sum(logp) + 0.1 * jnp.sum(ent), logp
+
+    (lf, logp_f), gf = jax.value_and_grad(loss, has_aux=True)(params, full_cfg)
+    (lc, logp_c), gc = jax.value_and_grad(loss, has_aux=True)(params, chunk_cfg)
+    np.testing.assert_allclose(logp_c, logp_f, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(gc), jax.tree.leaves(gf)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
