@@ -1,0 +1,334 @@
+"""Rejection-sampling distillation: sample from a teacher, keep verified completions, SFT a student.
+
+DeepSeek-R1's third stage (and its distillation into small dense models): sample N
+completions per prompt from a checkpoint, keep those the task's verifier accepts, and
+fine-tune a (possibly smaller) student on them. With `keep="shortest"` only the shortest
+correct completion of each prompt is kept (long2short, Kimi k1.5's shortest rejection
+sampling), which trains a student to reason in fewer tokens.
+
+    records, stats = rejection_sample(rt, teacher_params, examples, num_samples=8,
+                                      max_new_tokens=128, keep="shortest")
+    write_sft_jsonl("runs/x/distill.jsonl", records)
+    params, student_rt = distill_student(rt.config, "runs/x/distill.jsonl", "runs/x/student",
+                                         tokenizer=rt.tokenizer, model=get_preset("test"))
+
+The written file is a generic {prompt, answer} JSONL with a "completion" per record: the
+format `data.files.read_examples` reads and the "file" task trains SFT on
+(`read_sft_jsonl`); `student_config` is the run config that does so.
+
+Departures from DeepSeek-R1, on purpose:
+- Only rule-verified data: R1 also kept non-reasoning SFT data and judged some prompts
+  with a generative reward model (DeepSeek-V3); here a completion is kept when every
+  named verifier scores it > 0.5 (default: the task's verifier).
+- R1 filtered out mixed-language, long-paragraph and code-block chains of thought; here
+  a completion that hit the token budget (no EOS) is dropped by default
+  (`drop_truncated`), and exact duplicates of a kept completion of the same prompt are
+  dropped (`dedupe`), nothing else.
+- The student's SFT is our cold-start SFT (`sft.run_sft`): completion-only loss, the
+  teacher's tokenizer, prompts as the teacher saw them (templates and L1 length targets
+  already applied, so the student config turns both off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxrl_reason import distributed
+from jaxrl_reason.data.files import FileSource, read_examples
+from jaxrl_reason.data.tasks import task_verifier
+from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.rewards.pool import RewardPool
+from jaxrl_reason.runtime import Runtime, build_runtime
+from jaxrl_reason.sft import run_sft
+from jaxrl_reason.validation import check_config
+
+KEEP = ("all", "shortest")
+_SET_FIELDS = ("id", "prompt", "answer", "completion", "source_id", "sample", "length")
+_DROPPED_FIELDS = ("solution",)  # a file example's worked solution would rebuild a target
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillStats:
+    """What rejection sampling produced.
+
+    Attributes:
+      prompts: prompts sampled; samples: completions sampled (prompts * num_samples).
+      correct: completions every verifier accepted (truncated ones included);
+      kept: records written (after `drop_truncated`, `dedupe` and `keep`).
+      acceptance_rate: correct / samples.
+      prompts_kept: prompts with at least one kept record.
+      truncated: completions that hit the token budget without EOS.
+      mean_length_all / _correct / _kept: mean completion length in tokens (with EOS) over
+        all samples / the correct ones / the kept ones (0.0 when there are none).
+      seconds: wall time of sampling and verification.
+    """
+    prompts: int
+    samples: int
+    correct: int
+    kept: int
+    acceptance_rate: float
+    prompts_kept: int
+    truncated: int
+    mean_length_all: float
+    mean_length_correct: float
+    mean_length_kept: float
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(np.mean(x)) if len(x) else 0.0
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def select_completions(examples: Sequence[Mapping[str, Any]], completions: Sequence[str],
+                       lengths: Sequence[int], correct: Sequence[bool], *, num_samples: int,
+                       keep: str = "all", truncated: Sequence[bool] | None = None,
+                       drop_truncated: bool = True, dedupe: bool = True) -> list[dict]:
+    """The SFT records of the verified completions (pure host code, no device).
+
+    Args:
+      examples: P examples (dicts with "id", "prompt", "answer").
+      completions: P * num_samples texts, group-major (row r = example r // num_samples).
+      lengths: int [P * n] token lengths; correct: bool [P * n] verifier verdicts;
+      truncated: bool [P * n] or None (none truncated).
+      keep: "all" (every accepted completion) or "shortest" (the shortest accepted one per
+        prompt, fewest tokens, the first sample on a tie).
+      drop_truncated: leave out completions that hit the token budget.
+      dedupe: leave out a completion identical to one already kept for the same prompt.
+    Returns:
+      Records in prompt order: {"id": "<example id>-s<j>", "prompt", "answer",
+      "completion", "source_id", "sample": j, "length"}, plus the example's other scalar
+      fields (e.g. "level"; not its own "completion" or "solution").
+    """
+    if keep not in KEEP:
+        raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
+    n = num_samples
+    total = len(examples) * n
+    for name, seq in (("completions", completions), ("lengths", lengths),
+                      ("correct", correct)):
+        if len(seq) != total:
+            raise ValueError(f"{name} has {len(seq)} rows, expected {len(examples)} examples "
+                             f"x {n} samples = {total}")
+    truncated = np.zeros(total, bool) if truncated is None else np.asarray(truncated, bool)
+    lengths, correct = np.asarray(lengths), np.asarray(correct, bool)
+    records = []
+    for p, example in enumerate(examples):
+        rows = [r for r in range(p * n, (p + 1) * n)
+                if correct[r] and not (drop_truncated and truncated[r])]
+        if keep == "shortest" and rows:
+            rows = [min(rows, key=lambda r: (int(lengths[r]), r))]
+        seen = set()
+        extra = {k: v for k, v in example.items()
+                 if k not in _SET_FIELDS + _DROPPED_FIELDS
+                 and isinstance(v, (str, int, float, bool))}
+        for r in rows:
+            if dedupe and completions[r] in seen:
+                continue
+            seen.add(completions[r])
+            source_id = str(example.get("id", p))
+            records.append({**extra, "id": f"{source_id}-s{r - p * n}",
+                            "prompt": example["prompt"], "answer": str(example["answer"]),
+                            "completion": completions[r], "source_id": source_id,
+                            "sample": r - p * n, "length": int(lengths[r])})
+    return records
+
+
+def verify_completions(completions: Sequence[str], examples: Sequence[Mapping[str, Any]],
+                       verifiers: Sequence[str], *, num_workers: int = 2,
+                       timeout_s: float = 5.0) -> np.ndarray:
+    """bool [N]: every reward named in `verifiers` scores completion i (against
+    `examples[i]`) above 0.5. Runs on a host thread pool; a verifier that raises or times
+    out rejects."""
+    if not verifiers:
+        raise ValueError("verify_completions needs at least one verifier name")
+    with RewardPool({name: 1.0 for name in verifiers}, num_workers=num_workers,
+                    timeout_s=timeout_s) as pool:
+        result = pool.score(list(completions), list(examples))
+    ok = np.ones(len(completions), bool)
+    for name in verifiers:
+        ok &= np.asarray(result.components[name]) > 0.5
+    return ok
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def rejection_sample(rt: Runtime, params, examples: Sequence[Mapping[str, Any]], *,
+                     num_samples: int, max_new_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                     batch_prompts: int = 16, keep: str = "all",
+                     verifiers: Sequence[str] | None = None, drop_truncated: bool = True,
+                     dedupe: bool = True) -> tuple[list[dict], DistillStats]:
+    """Samples `num_samples` completions per example with `rt.sampler` and keeps the verified.
+
+    Args:
+      rt: the teacher's runtime (sampler, tokenizer, mesh, prompt buckets of its config).
+      params: the teacher's params (on `rt.mesh`).
+      examples: problems with "prompt" and "answer" (e.g. `task_source(...)` items).
+      num_samples, max_new_tokens, temperature, top_p, top_k: sampling (static G and L).
+      seed: sampling seed (chunk i uses fold_in(key(seed), i)).
+      batch_prompts: prompts per sampler call (the last chunk is padded by repetition, so
+        every call has one shape).
+      keep, drop_truncated, dedupe: see `select_completions`.
+      verifiers: reward names that must all accept; None: the task's verifier.
+    Returns:
+      (records, stats): `select_completions` records and a DistillStats. On multi-host every
+      process returns the same (process 0's verdicts).
+    """
+    verifiers = tuple(verifiers or (task_verifier(rt.config),))
+    t0 = time.time()
+    rng = jax.random.key(seed)
+    texts, lengths, truncated = [], [], []
+    for i, start in enumerate(range(0, len(examples), batch_prompts)):
+        chunk = list(examples[start:start + batch_prompts])
+        real = len(chunk)
+        chunk += [chunk[-1]] * (batch_prompts - real)
+        pt, pv = rt.encode_prompts(chunk)
+        out = rt.sampler(params, rt.put_prompts(pt), rt.put_prompts(pv),
+                         jax.random.fold_in(rng, i), num_samples=num_samples,
+                         max_new_tokens=max_new_tokens, temperature=temperature,
+                         top_p=top_p, top_k=top_k)
+        tokens, lens, trunc = jax.device_get((out.tokens, out.lengths, out.truncated))
+        rows = real * num_samples
+        texts += [rt.tokenizer.decode(row[:n]) for row, n in zip(tokens[:rows], lens[:rows])]
+        lengths.append(np.asarray(lens[:rows]))
+        truncated.append(np.asarray(trunc[:rows]))
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    truncated = np.concatenate(truncated) if truncated else np.zeros(0, bool)
+    rows = [ex for ex in examples for _ in range(num_samples)]
+    correct = distributed.broadcast_from_primary(verify_completions(
+        texts, rows, verifiers, num_workers=rt.config.rewards.num_workers,
+        timeout_s=rt.config.rewards.timeout_s))
+    records = select_completions(examples, texts, lengths, correct, num_samples=num_samples,
+                                 keep=keep, truncated=truncated,
+                                 drop_truncated=drop_truncated, dedupe=dedupe)
+    kept_lengths = np.asarray([r["length"] for r in records])
+    stats = DistillStats(
+        prompts=len(examples), samples=len(texts), correct=int(correct.sum()),
+        kept=len(records), acceptance_rate=float(correct.mean()) if len(texts) else 0.0,
+        prompts_kept=len({r["source_id"] for r in records}), truncated=int(truncated.sum()),
+        mean_length_all=_mean(lengths), mean_length_correct=_mean(lengths[correct]),
+        mean_length_kept=_mean(kept_lengths), seconds=time.time() - t0)
+    return records, stats
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_sft_jsonl(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> int:
+    """Writes SFT records as JSONL (one object per line; atomically: temp file + rename).
+    Only process 0 writes on multi-host. Returns the number of records."""
+    path = os.fspath(path)
+    if distributed.is_primary():
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(dict(record), ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    distributed.sync("distill_written")
+    return len(records)
+
+
+def read_sft_jsonl(path: str | os.PathLike) -> FileSource:
+    """The records of `write_sft_jsonl` as examples, read by `data.files.read_examples`
+    (generic preset, ids from the "id" field): "id", "prompt", "answer", "completion", ...
+    Raises ValueError naming `file:line` for a malformed record, or when there is none."""
+    return read_examples(path, format="jsonl", fields="generic", id_field="id")
+
+
+# ----------------------------------------------------------------------------- student
+
+
+def student_config(config: ml_collections.ConfigDict, data_path: str, *,
+                   model: ModelConfig | Mapping[str, Any] | None = None,
+                   sft: Mapping[str, Any] | None = None,
+                   num_examples: int | None = None) -> ml_collections.ConfigDict:
+    """The run config that SFTs a student on a distilled JSONL file.
+
+    A copy of `config` (the teacher's) with a "file" task reading `data_path` as written
+    (generic fields, ids from "id", no template, no length targets, no eval files), the
+    student's `model` (a ModelConfig, whose vocab_size is replaced by 0 = the tokenizer's
+    size, or a mapping of the config's `model` fields; None: the teacher's), `sft`
+    overrides (e.g. {"steps": 100, "batch_size": 16}; unknown keys are a ValueError) and
+    `sft.num_examples` = `num_examples` (default: every record, counted in the file).
+    Returns a locked ConfigDict.
+    """
+    c = config.copy_and_resolve_references()
+    with c.unlocked():
+        c.name = f"{config.get('name', 'run')}_student"
+        t = c.task
+        t.name, t.train_file, t.format = "file", os.fspath(data_path), "jsonl"
+        t.preset, t.prompt_field, t.answer_field, t.id_field = "generic", "", "", "id"
+        t.on_error, t.template, t.length_targets = "raise", "", (0, 0)
+        t.train_levels, t.eval_levels = (), ()
+        t.eval_files = ml_collections.ConfigDict()
+        if model is not None:
+            fields = dataclasses.asdict(model) if isinstance(model, ModelConfig) else dict(model)
+            if isinstance(model, ModelConfig):
+                fields["vocab_size"] = 0  # the tokenizer's size (presets carry a placeholder)
+            c.model = ml_collections.ConfigDict(fields)
+        for key, value in dict(sft or {}).items():
+            if key not in c.sft:
+                raise ValueError(f"student sft override {key!r} is not an sft field "
+                                 f"(fields: {sorted(c.sft.keys())})")
+            c.sft[key] = value
+        if num_examples is None:
+            with open(data_path, "rb") as f:
+                num_examples = sum(1 for line in f if line.strip())
+        c.sft.num_examples = max(int(num_examples), 1)
+    c.lock()
+    return c
+
+
+def distill_student(config: ml_collections.ConfigDict, data_path: str, workdir: str, *,
+                    tokenizer, model: ModelConfig | Mapping[str, Any] | None = None,
+                    sft: Mapping[str, Any] | None = None, init_params: Any = None,
+                    writer: MetricsWriter | None = None,
+                    resume: bool = True) -> tuple[Any, Runtime]:
+    """SFTs a student on a distilled data set with our cold-start SFT (`sft.run_sft`).
+
+    Args:
+      config: the teacher's run config (mesh, rules, buckets, checkpoint and log settings).
+      data_path: a `write_sft_jsonl` file.
+      workdir: the student's run directory (checkpoints under `checkpoints/sft`, loadable
+        with `run_state.load_params`; metrics.jsonl).
+      tokenizer: the teacher's tokenizer (the records are the teacher's texts; the student
+        shares its vocabulary).
+      model, sft: the student's model and SFT overrides (see `student_config`).
+      init_params: the student's starting params (None: random init from config.seed).
+      writer: metrics writer (default: `<workdir>/metrics.jsonl`, no tensorboard).
+      resume: continue from the newest complete SFT checkpoint in `workdir`.
+    Returns:
+      (params, runtime) of the student.
+    Raises:
+      ConfigError (a ValueError) listing config problems; ValueError when the file has no
+      usable record.
+    """
+    c = student_config(config, data_path, model=model, sft=sft)
+    check_config(c, jax.device_count())
+    rt = build_runtime(c, workdir, tokenizer=tokenizer)
+    own_writer = writer is None
+    if own_writer:
+        writer = MetricsWriter(workdir, tensorboard=False, console=False,
+                               enabled=distributed.is_primary())
+    try:
+        params = run_sft(rt, writer, params=init_params, resume=resume)
+    finally:
+        if own_writer:
+            writer.close()
+    return params, rt
