@@ -153,6 +153,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.kernels = ml_collections.ConfigDict()
     c.kernels.backend = "auto"              # auto (Pallas on TPU) | pallas | reference
 
+    # Multi-host (see README "Multi-host"): jax.distributed.initialize before anything else.
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.enabled = "auto"          # auto (TPU VM/pod, or an address/count given) | true | false
+    c.distributed.coordinator_address = ""  # "host:port" of process 0; "" = $JAX_COORDINATOR_ADDRESS or detect
+    c.distributed.num_processes = 0         # processes in the job; 0 = $JAX_NUM_PROCESSES or detect
+    c.distributed.process_id = -1           # this process's index; -1 = $JAX_PROCESS_ID or detect
+    c.distributed.local_device_ids = ()     # devices of this process; () = all (or JAX's choice)
+    c.distributed.initialization_timeout = 300  # seconds to wait for every process to join
+    # Multi-slice: slices (TPU; hosts elsewhere) each mesh axis spans over the data-center
+    # network; the `mesh` sizes above stay global. All 1: one slice (ICI only).
+    c.distributed.dcn_mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+
     c.guards = ml_collections.ConfigDict()
     c.guards.max_consecutive_skips = 5      # stop after this many non-finite updates in a row
 

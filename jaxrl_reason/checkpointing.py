@@ -34,10 +34,13 @@ are valid but their files unverified (orbax's restore and the metadata checksum 
 apply). `latest_step`/`all_steps` only read manifests (no hashing).
 
 Multi-host: the checkpoint directory must be storage every process sees (as orbax needs).
-Only the primary process writes the manifest and hashes files (at save and at verify);
-the other processes follow its verdict, and all processes agree on the step a fallback
-restores. On storage that is not shared, the file list would only cover what the primary
-can see.
+Every process calls `save`, `restore`, `metadata`, `wait_until_finished` and `close` at the
+same points (they are collectives). Only the primary process writes the manifest and hashes
+files (at save and at verify), then all processes meet at a barrier, so none reads a
+manifest before it exists; the other processes follow the primary's verdict, and all
+processes agree on the step a fallback restores. On storage that is not shared, the file
+list would only cover what the primary can see. With `async_save`, a step's manifest
+appears at a later `save` / `wait_until_finished`; query steps after those.
 
 RNG keys: typed key arrays are not saved directly. Pass ``jax.random.key_data(key)`` (a
 uint32 array, e.g. shape [2] for threefry) in the state and rebuild the key after restore
@@ -543,7 +546,8 @@ class Checkpointer:
             self._pending[step] = manifest
             if not self._async:
                 self._write_pending([step])
-                self._barrier(f"saved_{step}")
+            # No process may look for a manifest before the primary has written it.
+            self._barrier(f"saved_{step}")
         return saved
 
     def _move_aside(self, at_or_after: int) -> None:

@@ -11,6 +11,13 @@
 Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
 that does not exist is an error. Flags may be spelled with dashes or underscores. Bad input
 ends with a one-line message; set JAXRL_REASON_DEBUG=1 to see the traceback instead.
+
+Multi-host: run the same command on every host. Before anything else touches JAX, the CLI
+calls `jax.distributed.initialize` as `config.distributed` says (default "auto": on Cloud
+TPU VMs and pods, or when a coordinator address / process count is configured; see
+`jaxrl_reason.distributed`); `--multihost` forces it (for eval/sample without a config,
+the `distributed` settings come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID).
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
         flags.DEFINE_float("temperature", 1.0, "sampling temperature", flag_values=fv)
         flags.DEFINE_integer("num_samples", 1, "completions to print", flag_values=fv)
         flags.DEFINE_integer("seed", 0, "sampling seed", flag_values=fv)
+    if command != "plan":
+        flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() even when "
+                          "config.distributed.enabled is 'auto' and detects one machine",
+                          flag_values=fv)
     if needs_config:
         flags.mark_flag_as_required("config", flag_values=fv)
     return fv
@@ -124,12 +135,31 @@ def parse(argv: Sequence[str]):
     return command, fv
 
 
+def init_distributed(command: str, fv: flags.FlagValues) -> None:
+    """`jax.distributed.initialize` per the config's `distributed` block, the environment and
+    `--multihost` (never for `plan`, which only compiles). Must run before any JAX call."""
+    if command == "plan":
+        return
+    from jaxrl_reason import distributed
+    config = fv.config
+    block = config.get("distributed") if config is not None else None
+    block = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
+    if fv.multihost:
+        block["enabled"] = True
+    distributed.initialize(block)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     command, fv = parse(argv)
     # Imported after parsing so that `--help` and flag errors are instant.
-    from jaxrl_reason import commands
     from jaxrl_reason.reliability import GracefulStop, NumericError, Preempted
+    try:
+        init_distributed(command, fv)  # before any other JAX call
+    except ValueError as e:
+        sys.stderr.write(f"jaxrl-reason {command}: error: {e}\n")
+        return 1
+    from jaxrl_reason import commands
     try:
         with GracefulStop():  # SIGTERM/SIGINT: checkpoint at the next step, then exit 0
             return getattr(commands, command)(fv)

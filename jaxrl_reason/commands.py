@@ -2,6 +2,11 @@
 
 `train` runs the R1 recipe end to end: tokenizer -> cold-start SFT -> RL -> evaluation of
 both checkpoints, printing a before/after table and writing `<workdir>/eval.json`.
+
+Multi-host: every process runs the command (the CLI has initialized `jax.distributed`);
+all of them train, evaluate and save checkpoints together, and only process 0 prints and
+writes the run's files (config.json, metrics, eval.json). The workdir may be a local path
+or any `etils.epath` path such as gs://bucket/run (see `paths`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 import jax
 import ml_collections
 
-from jaxrl_reason import eval_runner
+from jaxrl_reason import distributed, eval_runner, paths
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.data.files import read_examples
@@ -41,18 +46,17 @@ def _prepare(fv):
     config = fv.config
     check_config(config, jax.device_count())
     workdir = _workdir(fv, config)
-    if not fv.resume and os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if not fv.resume and paths.as_path(workdir, "checkpoints").is_dir():
         raise ValueError(f"workdir {workdir!r} already holds checkpoints: pass --resume to "
                          f"continue that run or --workdir to start a new one")
-    os.makedirs(workdir, exist_ok=True)
+    paths.as_path(workdir).mkdir(parents=True, exist_ok=True)
     rt = build_runtime(config, workdir)
     _check_before_compiling(rt, workdir)
     writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
-                           enabled=jax.process_index() == 0)
-    tmp = os.path.join(workdir, "config.json.tmp")
-    with open(tmp, "w") as f:
-        f.write(config.to_json_best_effort(indent=1))
-    os.replace(tmp, os.path.join(workdir, "config.json"))
+                           enabled=distributed.is_primary())
+    if distributed.is_primary():
+        paths.write_text_atomic(paths.join(workdir, "config.json"),
+                                config.to_json_best_effort(indent=1))
     return config, workdir, rt, writer
 
 
@@ -70,8 +74,20 @@ def _check_before_compiling(rt, workdir: str) -> None:
 
 
 def _say(text: str) -> None:
-    if jax.process_index() == 0:
+    if distributed.is_primary():
         print(text, flush=True)
+
+
+def _write_report(path: str, report: dict) -> None:
+    """The JSON report at `path` (local or gs://...), written atomically by process 0."""
+    if distributed.is_primary():
+        paths.write_text_atomic(path, json.dumps(report, indent=1, default=float))
+
+
+def _read_reports(path: str) -> dict:
+    """The "reports" of an earlier eval.json, or {} when there is none."""
+    target = paths.as_path(path)
+    return json.loads(target.read_text()).get("reports", {}) if target.is_file() else {}
 
 
 def sft(fv) -> int:
@@ -89,7 +105,8 @@ def train(fv) -> int:
         resolve_checkpoint_dir(fv.init_checkpoint)  # fail before the workdir is created
     config, workdir, rt, writer = _prepare(fv)
     _say(f"[train] {config.name}: {rt.model_cfg.num_params:,} params, tokenizer "
-         f"{rt.tokenizer.vocab_size} pieces, mesh {dict(rt.mesh.shape)}, workdir {workdir}")
+         f"{rt.tokenizer.vocab_size} pieces, mesh {dict(rt.mesh.shape)}, workdir {workdir}"
+         + (f", {jax.process_count()} processes" if jax.process_count() > 1 else ""))
     t_start = time.time()
     timings = {}
 
@@ -109,17 +126,15 @@ def train(fv) -> int:
         raise Preempted("sft", config.sft.steps)
 
     # 2. Evaluate the starting point, 3. RL, 4. evaluate the result.
-    reports_path = os.path.join(workdir, "eval.json")
-    reports = {}
-    if os.path.isfile(reports_path) and fv.resume:
-        with open(reports_path) as f:
-            reports = json.load(f).get("reports", {})
+    reports_path = paths.join(workdir, "eval.json")
+    # Process 0's file decides for every process (they must evaluate the same things).
+    reports = distributed.broadcast_from_primary(
+        _read_reports(reports_path) if fv.resume and distributed.is_primary() else {})
     t0 = time.time()
     if start_name not in reports:
         reports[start_name] = eval_runner.evaluate(rt, params, label=f"/{start_name}",
                                                    progress=config.log.progress_bar)
-        if jax.process_index() == 0:  # a resumed run does not evaluate this again
-            eval_runner.write_report(reports_path, {"reports": reports})
+        _write_report(reports_path, {"reports": reports})  # a resume does not redo it
     timings["eval_before_s"] = time.time() - t0
     if stop_requested():
         raise Preempted("evaluation", 0)
@@ -137,11 +152,9 @@ def train(fv) -> int:
     writer.close()
 
     table = eval_runner.comparison_table(reports, config.eval.num_samples)
-    if jax.process_index() == 0:
-        eval_runner.write_report(reports_path, {"reports": reports, "timings": timings,
-                                                "table": table})
+    _write_report(reports_path, {"reports": reports, "timings": timings, "table": table})
     _say(f"\n{table}\n\ntimings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
-    _say(f"report: {reports_path}; metrics: {os.path.join(workdir, 'metrics.jsonl')}")
+    _say(f"report: {reports_path}; metrics: {paths.join(workdir, 'metrics.jsonl')}")
     return 0
 
 
@@ -179,8 +192,8 @@ def eval(fv) -> int:  # noqa: A001 (the command's name)
     report = eval_runner.evaluate(rt, params, sets, progress=config.log.progress_bar)
     table = eval_runner.comparison_table({os.path.basename(directory): report},
                                          config.eval.num_samples)
-    out = fv.out or os.path.join(directory, "eval.json")
-    eval_runner.write_report(out, {"checkpoint": directory, "report": report, "table": table})
+    out = fv.out or paths.join(directory, "eval.json")
+    _write_report(out, {"checkpoint": directory, "report": report, "table": table})
     _say(f"{table}\n\nreport: {out}")
     return 0
 
@@ -194,11 +207,11 @@ def sample(fv) -> int:
                       rules=rules)
     ids = tokenizer.encode(fv.prompt, add_bos=tokenizer.add_bos_token)
     tokens, valid = left_pad([ids], len(ids), tokenizer.pad_id)
-    put = lambda x: jax.device_put(x, shd.replicated(mesh))  # noqa: E731
+    put = lambda x: shd.put_replicated(mesh, x)  # noqa: E731
     out = sampler(params, put(tokens), put(valid), jax.random.key(fv.seed),
                   num_samples=fv.num_samples, max_new_tokens=fv.max_new_tokens,
                   temperature=0.0 if fv.greedy else fv.temperature)
-    toks, lens = jax.device_get((out.tokens, out.lengths))
+    toks, lens = distributed.to_host((out.tokens, out.lengths))
     for row, n in zip(toks, lens):
-        print(tokenizer.decode(row[:n]))
+        _say(tokenizer.decode(row[:n]))
     return 0

@@ -10,6 +10,12 @@ Every `write` appends one JSON object to `<workdir>/metrics.jsonl`:
 Values are converted with `float()`. JSON has no NaN/Infinity, so non-finite values are
 written as `null` (the file stays valid JSON for any reader); `read_metrics` turns them back
 into `float("nan")`. The same scalars go to tensorboard under the tag "<phase>/<name>".
+
+The workdir may be remote (gs://bucket/run or any `etils.epath` path): object stores have
+no appends, so the writer keeps the file's lines in memory and rewrites the object at most
+every `remote_flush_s` seconds and at `flush`, `truncate` and `close` (a killed process
+loses at most those seconds of lines, which a resumed run logs again). Multi-host: only
+process 0 writes (`enabled=jax.process_index() == 0`).
 """
 from __future__ import annotations
 
@@ -22,11 +28,76 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_reason import paths
+
 __all__ = ["MetricsWriter", "format_line", "read_metrics"]
 
 METRICS_FILENAME = "metrics.jsonl"
 TB_DIRNAME = "tb"
 _RESERVED = ("step", "phase", "time")
+
+
+class _LocalLines:
+    """metrics.jsonl on a local disk: an open, line-buffered append-mode file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8", buffering=1)
+
+    def append(self, line: str) -> None:
+        self._file.write(line)
+
+    def read(self) -> list[str]:
+        self._file.flush()
+        with open(self.path, encoding="utf-8") as f:
+            return f.readlines()
+
+    def replace(self, lines: list[str]) -> None:
+        """Rewrites the file atomically (temp file + rename) and reopens it for appends."""
+        self._file.close()
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _RemoteLines:
+    """metrics.jsonl on an object store: the lines in memory, the object rewritten whole at
+    most every `every_s` seconds (and at flush/replace/close)."""
+
+    def __init__(self, path: str, every_s: float):
+        self.path, self.every_s = paths.as_path(path), every_s
+        self._lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True) \
+            if self.path.exists() else []
+        self._lines = [line if line.endswith("\n") else line + "\n" for line in self._lines]
+        self._written = time.monotonic()
+        self.flush()  # fail now, naming the path, if the object cannot be written
+
+    def append(self, line: str) -> None:
+        self._lines.append(line)
+        if time.monotonic() - self._written >= self.every_s:
+            self.flush()
+
+    def read(self) -> list[str]:
+        return list(self._lines)
+
+    def replace(self, lines: list[str]) -> None:
+        self._lines = list(lines)
+        self.flush()
+
+    def flush(self) -> None:
+        self.path.write_text("".join(self._lines), encoding="utf-8")
+        self._written = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
 
 
 def _to_float(name: str, value: Any) -> float:
@@ -90,28 +161,34 @@ class MetricsWriter:
         A caller that drives a tqdm bar passes False and uses `format_line` for the postfix.
       enabled: False makes every method a no-op and touches no file; pass
         `jax.process_index() == 0` so that only one process of a multi-host run logs.
+      remote_flush_s: for a remote workdir (gs://...), the longest time between rewrites of
+        metrics.jsonl.
     Raises:
       OSError: naming the path, when the directory or file cannot be created or written.
     """
 
     def __init__(self, workdir: str, *, tensorboard: bool = True, console: bool = True,
-                 enabled: bool = True):
+                 enabled: bool = True, remote_flush_s: float = 30.0):
         self.workdir = os.fspath(workdir)
-        self.path = os.path.join(self.workdir, METRICS_FILENAME)
+        self.path = paths.join(self.workdir, METRICS_FILENAME)
         self.console = console
         self.enabled = enabled
-        self._file = None
+        self._file: _LocalLines | _RemoteLines | None = None
         self._tb = None
         self._closed = False
         if not enabled:
             return
         try:
-            os.makedirs(self.workdir, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+            if paths.is_remote(self.workdir):
+                paths.as_path(self.workdir).mkdir(parents=True, exist_ok=True)
+                self._file = _RemoteLines(self.path, remote_flush_s)
+            else:
+                os.makedirs(self.workdir, exist_ok=True)
+                self._file = _LocalLines(self.path)
         except OSError as e:
             raise OSError(f"MetricsWriter: cannot write metrics to {self.path!r}: {e}") from e
         if tensorboard:
-            tb_dir = os.path.join(self.workdir, TB_DIRNAME)
+            tb_dir = paths.join(self.workdir, TB_DIRNAME)
             try:
                 from tensorboardX import SummaryWriter
                 self._tb = SummaryWriter(logdir=tb_dir)
@@ -149,7 +226,7 @@ class MetricsWriter:
             values[name] = _to_float(name, value)
         record = {"step": step, "phase": phase, "time": time.time()}
         record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.append(json.dumps(record, allow_nan=False) + "\n")
         if self._tb is not None:
             for name, value in values.items():
                 self._tb.add_scalar(f"{phase}/{name}", value, step)
@@ -164,9 +241,7 @@ class MetricsWriter:
         were dropped. The file is rewritten atomically (temp file + rename)."""
         if not self.enabled or self._closed:
             return 0
-        self._file.flush()
-        with open(self.path, encoding="utf-8") as f:
-            lines = f.readlines()
+        lines = self._file.read()
         kept = []
         for line in lines:
             try:
@@ -177,12 +252,7 @@ class MetricsWriter:
                 kept.append(line if line.endswith("\n") else line + "\n")
         dropped = len(lines) - len(kept)
         if dropped:
-            self._file.close()
-            tmp = self.path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(kept)
-            os.replace(tmp, self.path)
-            self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+            self._file.replace(kept)
         return dropped
 
     def flush(self) -> None:
@@ -213,18 +283,18 @@ def read_metrics(path: str, phase: str | None = None) -> list[dict]:
     """Load a metrics.jsonl written by `MetricsWriter`.
 
     Args:
-      path: the jsonl file, or a workdir containing `metrics.jsonl`.
+      path: the jsonl file, or a workdir containing `metrics.jsonl` (local or gs://...).
       phase: keep only records of this phase (default all).
     Returns:
       list of dicts in file order; `null` metric values come back as float("nan").
     """
     path = os.fspath(path)
-    if os.path.isdir(path):
-        path = os.path.join(path, METRICS_FILENAME)
-    if not os.path.exists(path):
+    if paths.as_path(path).is_dir():
+        path = paths.join(path, METRICS_FILENAME)
+    if not paths.as_path(path).exists():
         raise FileNotFoundError(f"read_metrics: no metrics file at {path!r}")
     records = []
-    with open(path, encoding="utf-8") as f:
+    with paths.as_path(path).open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

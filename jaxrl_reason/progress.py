@@ -1,7 +1,8 @@
 """A minimal console progress bar (no dependency): one line per phase, redrawn in place.
 
 On a terminal the line is redrawn with a carriage return; when stdout is not a terminal
-(CI logs, files) a line is printed every `print_every` steps instead.
+(CI logs, files) a line is printed every `print_every` steps instead. In a multi-host job
+only process 0 draws (every process counts).
 """
 
 from __future__ import annotations
@@ -10,11 +11,20 @@ import sys
 import time
 
 
+def _primary_process() -> bool:
+    """Whether this is process 0 of a JAX job (True when JAX is not in use)."""
+    if "jax" not in sys.modules:
+        return True
+    import jax
+    return jax.process_index() == 0
+
+
 class ProgressBar:
     """`ProgressBar(total, desc)`; `update(n=1, postfix="")`; `close()`."""
 
     def __init__(self, total: int, desc: str, *, enabled: bool = True, width: int = 24,
                  print_every: int = 10, stream=None):
+        enabled = enabled and _primary_process()
         self.total, self.desc, self.enabled, self.width = max(int(total), 1), desc, enabled, width
         self.print_every = max(print_every, 1)
         self.stream = sys.stdout if stream is None else stream

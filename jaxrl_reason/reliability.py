@@ -10,12 +10,15 @@
   example ids, and stops the run with a clear message after `max_consecutive` in a row.
 - `check_workdir`, `check_prompt_lengths`: problems found before anything is compiled
   (an unwritable or full disk, a prompt longer than every bucket).
+
+Multi-host: a stop signal reaches the hosts at different moments, so `stop_requested` asks
+every process (any of them stopping stops all, at the same step); skipped-step messages are
+printed by process 0 only (every process logs them).
 """
 from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import signal
 import threading
@@ -24,6 +27,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_reason import paths
 
 _log = logging.getLogger(__name__)
 
@@ -85,8 +91,17 @@ class GracefulStop:
 
 
 def stop_requested() -> bool:
-    """Whether the loops should checkpoint and stop now."""
-    return GracefulStop.requested()
+    """Whether the loops should checkpoint and stop now.
+
+    On multi-host: whether ANY process got a stop signal, so that all of them save the same
+    step and stop together. That is a collective: every process must call this at the same
+    points of the loop (the training loops do). One process: the local flag.
+    """
+    local = GracefulStop.requested()
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+    return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
 
 
 # ----------------------------------------------------------------------- numeric guards
@@ -125,7 +140,8 @@ class SkipGuard:
         message = (f"[{self.phase}] step {step}: update skipped ({why}); weights and optimizer "
                    f"state unchanged; batch examples: {shown}")
         _log.warning(message)
-        print(message, flush=True)
+        if jax.process_index() == 0:
+            print(message, flush=True)
         if self.consecutive >= self.max_consecutive:
             raise NumericError(
                 f"{self.phase}: {self.consecutive} consecutive steps skipped (last: {why} at "
@@ -144,15 +160,25 @@ def tree_bytes(tree) -> int:
 def check_workdir(workdir: str, checkpoint_bytes: int, max_to_keep: int,
                   phases: int = 2) -> None:
     """Raises OSError naming `workdir` when it cannot be written or its disk lacks room for
-    `phases * (max_to_keep + 1)` checkpoints of `checkpoint_bytes` (plus 10%)."""
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_probe")
+    `phases * (max_to_keep + 1)` checkpoints of `checkpoint_bytes` (plus 10%).
+
+    `workdir` may be remote (gs://..., any etils.epath path): the write probe goes through
+    epath, and the free-space check is skipped (an object store has no disk to measure).
+    Every process of a multi-host job checks with its own probe file (each writes its
+    checkpoint shards there).
+    """
+    root = paths.as_path(workdir)
+    suffix = "" if jax.process_count() == 1 else f".{jax.process_index()}"
+    probe = root / f".write_probe{suffix}"
     try:
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
     except OSError as e:
         raise OSError(f"workdir {workdir!r} is not writable: {e}") from e
+    if paths.is_remote(workdir):
+        _log.info("workdir %s is remote: free space is not checked", workdir)
+        return
     need = int(1.1 * phases * (max_to_keep + 1) * checkpoint_bytes)
     free = shutil.disk_usage(workdir).free
     if free < need:

@@ -9,6 +9,11 @@ A checkpoint's state is {"train_state": {step, params, opt_state}, **extra} (ext
 data, reference params, ...) and its JSON metadata holds the phase, the data-iterator state,
 the model config, the tokenizer and the run config, so a checkpoint directory alone is
 enough to sample from it.
+
+Multi-host: every process calls `save` / `restore_latest` / `load_params` (orbax writes each
+array shard from the process that holds it; process 0 writes the JSON files and manifests,
+see `checkpointing`); the workdir must be storage that every process sees (a shared file
+system or gs://...).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from typing import Any
 
 import jax
 
+from jaxrl_reason import paths
 from jaxrl_reason.checkpointing import Checkpointer, abstract_like
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.params import abstract_params, param_shardings
-from jaxrl_reason.sharding import replicated
+from jaxrl_reason.sharding import put_replicated, replicated
 from jaxrl_reason.tokenizers import tokenizer_from_serialized
 from jaxrl_reason.train_state import TrainState
 
@@ -40,6 +46,21 @@ def _state_tree(state: TrainState, extra: dict | None) -> dict:
                             "opt_state": state.opt_state}}
     tree.update(extra or {})
     return tree
+
+
+def _global_leaves(tree: dict, mesh) -> dict:
+    """On multi-host, single-device leaves (the RNG key data of a fresh run, made on each
+    process's first device) become mesh-replicated global arrays, so that orbax sees one
+    array with one writer instead of a local copy per process. One process: unchanged."""
+    if jax.process_count() == 1:
+        return tree
+
+    def one(x):
+        if isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.SingleDeviceSharding):
+            return put_replicated(mesh, jax.device_get(x))
+        return x
+
+    return jax.tree.map(one, tree)
 
 
 def _on_mesh(x: jax.ShapeDtypeStruct, mesh) -> jax.ShapeDtypeStruct:
@@ -75,8 +96,8 @@ class PhaseCheckpointer:
     def save(self, step: int, state: TrainState, data_state: Any, *,
              extra: dict | None = None, extra_meta: dict | None = None) -> None:
         """Saves `state` (+ `extra` arrays) as `step` and waits until it is complete."""
-        self.ckpt.save(step, _state_tree(state, extra), self.metadata(data_state, extra_meta),
-                       force=True)
+        tree = _global_leaves(_state_tree(state, extra), self.rt.mesh)
+        self.ckpt.save(step, tree, self.metadata(data_state, extra_meta), force=True)
         self.ckpt.wait_until_finished()
 
     def restore_latest(self, template: TrainState, extra: dict | None = None):
@@ -126,11 +147,12 @@ def resolve_checkpoint_dir(path: str) -> str:
     """A phase checkpoint directory from a run workdir or a phase directory.
 
     Given a workdir, the RL phase wins over SFT. Raises FileNotFoundError with what exists.
+    Local or remote (gs://...) paths.
     """
-    if not os.path.isdir(path):
+    if not paths.as_path(path).is_dir():
         raise FileNotFoundError(f"checkpoint path {path!r} does not exist")
     for candidate in [phase_dir(path, phase) for phase in reversed(PHASES)] + [path]:
-        if os.path.isdir(candidate) and _has_complete_step(candidate):
+        if paths.as_path(candidate).is_dir() and _has_complete_step(candidate):
             return candidate
     raise FileNotFoundError(
         f"no complete checkpoint under {path!r}: expected a run workdir (with "

@@ -2,11 +2,18 @@
 
 `build_runtime` is shared by `sft`, `train`, `eval` and `sample`, so all of them see the
 same tokenizer, the same model shapes and the same mesh for the same config.
+
+Multi-host: the mesh spans the devices of every process; process 0 builds the tokenizer
+and sends it to the others (one vocabulary for all); host batches are the same on every
+process and become global arrays through `put` / `put_prompts` (see `distributed`); the
+sampler's outputs come back replicated on every device (`GatheredSampler`), so every
+process can read every row (the verifiers need the texts) with a plain `jax.device_get`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Mapping, Sequence
 
@@ -15,12 +22,14 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxrl_reason import distributed, paths
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.data.tasks import get_task
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.transformer import Transformer
-from jaxrl_reason.sampling.sampler import Sampler, left_pad, pick_bucket
-from jaxrl_reason.tokenizers import HFTokenizer, Tokenizer, load_tokenizer, train_tokenizer
+from jaxrl_reason.sampling.sampler import SampleOutput, Sampler, left_pad, pick_bucket
+from jaxrl_reason.tokenizers import (HFTokenizer, Tokenizer, load_tokenizer,
+                                     tokenizer_from_serialized, train_tokenizer)
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -46,7 +55,8 @@ class Runtime:
         """Tokenizes and left-pads the prompts of `examples` to the smallest fitting bucket.
 
         Returns numpy (tokens int32 [P, Tp], valid bool [P, Tp]). Raises ValueError naming
-        the example when a prompt is longer than every bucket.
+        the example when a prompt is longer than every bucket. On multi-host, checks that
+        every process encoded the same prompts (a collective; RuntimeError otherwise).
         """
         ids = [self.encode_prompt(e["prompt"]) for e in examples]
         buckets = tuple(self.config.task.prompt_buckets)
@@ -55,10 +65,14 @@ class Runtime:
                 raise ValueError(
                     f"prompt of example {e.get('id', '?')!r} has {len(row)} tokens, longer than "
                     f"the largest bucket in task.prompt_buckets={buckets}")
-        return left_pad(ids, pick_bucket((len(r) for r in ids), buckets), self.tokenizer.pad_id)
+        tokens, valid = left_pad(ids, pick_bucket((len(r) for r in ids), buckets),
+                                 self.tokenizer.pad_id)
+        distributed.check_same("prompt batches", tokens, valid)
+        return tokens, valid
 
     def put(self, array: np.ndarray) -> jax.Array:
-        """A host batch placed on the mesh, batch-sharded (rows must split evenly)."""
+        """A host batch (the same on every process) placed on the mesh, batch-sharded (rows
+        must split evenly)."""
         return shd.put_batch(self.mesh, self.rules, array)
 
     def put_prompts(self, array: np.ndarray) -> jax.Array:
@@ -69,7 +83,26 @@ class Runtime:
         """
         if len(array) % shd.data_parallel_size(self.mesh, self.rules) == 0:
             return self.put(array)
-        return jax.device_put(np.asarray(array), shd.replicated(self.mesh))
+        return shd.put_replicated(self.mesh, array)
+
+
+class GatheredSampler(Sampler):
+    """The sampler of a multi-host run: the same program, followed by an all-gather of its
+    outputs (tokens, log-probs, lengths, truncated) to every device, the collective that
+    `distributed.to_host` would otherwise run. Callers then read rows with `jax.device_get`
+    on any process, as on one host. ([N, L] int32 + f32 per device: small next to the
+    KV cache the sampler just freed.)"""
+
+    def __call__(self, *args, **kwargs) -> SampleOutput:
+        out = super().__call__(*args, **kwargs)
+        if self.mesh is None:
+            return out
+        return _replicate(out, shd.replicated(self.mesh))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _replicate(tree, sharding):
+    return jax.lax.with_sharding_constraint(tree, sharding)
 
 
 def model_config(model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
@@ -94,19 +127,45 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenize
     (`.model` or `tokenizer.json`), read by `load_tokenizer`.
 
     A newly trained tokenizer (deterministic for the config) is saved to the workdir so
-    that every later phase and a resumed run use the very same ids.
+    that every later phase and a resumed run use the very same ids. On multi-host, process 0
+    does all this and sends the result to the other processes (which read and write nothing).
     """
+    if distributed.process_count() == 1:
+        return _build_tokenizer(config, workdir)
+    tokenizer, error = None, None
+    if distributed.is_primary():
+        try:
+            tokenizer = _build_tokenizer(config, workdir)
+        except (OSError, ValueError) as e:  # every process must fail, not wait for process 0
+            error = e
+    serialized, error = distributed.broadcast_from_primary(
+        (tokenizer.serialized if tokenizer is not None else None, error))
+    if error is not None:
+        raise error
+    return tokenizer if tokenizer is not None else tokenizer_from_serialized(serialized)
+
+
+def _build_tokenizer(config: ml_collections.ConfigDict,
+                     workdir: str) -> Tokenizer | HFTokenizer:
+    """`build_tokenizer` on one process."""
     if config.tokenizer.path:
         if not os.path.exists(config.tokenizer.path):
             raise FileNotFoundError(f"tokenizer.path={config.tokenizer.path!r} does not exist")
         return load_tokenizer(config.tokenizer.path)
     saved = os.path.join(workdir, TOKENIZER_FILE)
-    if os.path.isfile(saved):
+    if paths.is_remote(workdir):  # gs://...: through etils.epath
+        remote = paths.as_path(saved)
+        if remote.is_file():
+            return tokenizer_from_serialized(remote.read_bytes())
+    elif os.path.isfile(saved):
         return Tokenizer.load(saved)
     corpus = get_task(config.task.name).corpus(config, config.tokenizer.corpus_examples)
     tokenizer = train_tokenizer(corpus, config.tokenizer.vocab_size)
-    os.makedirs(workdir, exist_ok=True)
-    tokenizer.save(saved)
+    if paths.is_remote(workdir):
+        paths.write_bytes_atomic(saved, tokenizer.serialized)  # a bare .model file
+    else:
+        os.makedirs(workdir, exist_ok=True)
+        tokenizer.save(saved)
     return tokenizer
 
 
@@ -114,13 +173,15 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
                   tokenizer: Tokenizer | HFTokenizer | None = None,
                   devices: Sequence[jax.Device] | None = None) -> Runtime:
     """Builds mesh, tokenizer, model and sampler for `config` (no parameter allocation)."""
-    mesh = shd.make_mesh(dict(config.mesh), devices)
+    dcn = config.get("distributed", {}).get("dcn_mesh", None)
+    mesh = shd.make_mesh(dict(config.mesh), devices, dcn=dict(dcn) if dcn else None)
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                   for name, axes in config.sharding_rules)
     tokenizer = tokenizer or build_tokenizer(config, workdir)
     model_cfg = model_config(config.model, tokenizer.vocab_size)
     model = Transformer(model_cfg)
-    sampler = Sampler(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
-                      rules=rules)
+    sampler_cls = GatheredSampler if jax.process_count() > 1 else Sampler
+    sampler = sampler_cls(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
+                          rules=rules)
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_reason import distributed
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
@@ -145,7 +146,7 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
             examples = next(data)
             batch = sft_batch(rt, examples, cfg.max_completion_length, cfg.length_bucket)
             state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
-            metrics = {k: float(v) for k, v in metrics.items()}
+            metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
             metrics["step_time_s"] = time.time() - t0
             writer.write(step, metrics, phase="sft")
             bar.update(1, format_line(step, metrics, keys=("loss", "grad_norm")))

@@ -65,18 +65,66 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
     return tuple(sizes)
 
 
-def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None,
+              dcn: Mapping[str, int] | None = None) -> Mesh:
     """Builds a Mesh with axes ("data", "fsdp", "tensor") and Auto axis types.
 
     Args:
-      shape: e.g. {"data": -1, "fsdp": 1, "tensor": 1}; -1 takes all remaining devices.
-      devices: defaults to `jax.devices()` (all processes' devices on multi-host).
+      shape: global axis sizes, e.g. {"data": -1, "fsdp": 1, "tensor": 1}; -1 takes all
+        remaining devices.
+      devices: defaults to `jax.devices()`: the devices of every process on multi-host, in
+        process order, so one slice's (or host's) devices are contiguous along the outermost
+        axis that is split over processes.
+      dcn: multi-slice; how many slices each axis spans, e.g. {"data": 2} for a data axis
+        split over two TPU slices that talk over the data-center network (each slice holds
+        `shape / dcn` of every axis, laid out over its fast interconnect by
+        `mesh_utils.create_hybrid_device_mesh`). A "slice" is a TPU device's `slice_index`,
+        or a device's process on other platforms (GPU hosts, CPU processes). None or all 1:
+        one slice, devices reshaped in order.
+    Raises ValueError when the sizes do not fit the devices or `dcn` does not divide them.
     """
     devices = list(jax.devices() if devices is None else devices)
     sizes = resolve_mesh_shape(shape, len(devices))
-    device_array = np.asarray(devices, dtype=object).reshape(sizes)
+    dcn_sizes = resolve_dcn_shape(dcn or {}, sizes)
+    if math.prod(dcn_sizes) == 1:
+        device_array = np.asarray(devices, dtype=object).reshape(sizes)
+    else:
+        device_array = _hybrid_device_array(sizes, dcn_sizes, devices)
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     return Mesh(device_array, MESH_AXES, axis_types=auto)
+
+
+def resolve_dcn_shape(dcn: Mapping[str, int], sizes: Sequence[int]) -> tuple[int, ...]:
+    """Per-axis slice counts (MESH_AXES order) of a `{axis: slices}` mapping; each must be
+    >= 1 and divide that axis's global size. Raises ValueError naming the axis."""
+    unknown = set(dcn) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"dcn_mesh: unknown axes {sorted(unknown)}; axes are {MESH_AXES}")
+    out = tuple(int(dcn.get(axis, 1)) for axis in MESH_AXES)
+    for axis, n, size in zip(MESH_AXES, out, sizes):
+        if n < 1 or size % n:
+            raise ValueError(f"dcn_mesh: {axis}={n} slices must be >= 1 and divide the mesh's "
+                             f"{axis} axis of {size} devices")
+    return out
+
+
+def _hybrid_device_array(sizes: Sequence[int], dcn_sizes: Sequence[int],
+                         devices: Sequence[Any]) -> np.ndarray:
+    """Devices [*sizes]: `dcn_sizes` slices along each axis (outer), each slice's devices
+    arranged for its interconnect (inner)."""
+    from jax.experimental import mesh_utils
+    ici = tuple(s // d for s, d in zip(sizes, dcn_sizes))
+    # TPU devices know their slice; elsewhere (GPU hosts, CPU processes) a process is one.
+    by_process = (getattr(devices[0], "platform", "") != "tpu"
+                  or getattr(devices[0], "slice_index", None) is None)
+    granules = {getattr(d, "process_index" if by_process else "slice_index") for d in devices}
+    if len(granules) != math.prod(dcn_sizes):
+        kind = "processes" if by_process else "slices"
+        raise ValueError(f"dcn_mesh: {dict(zip(MESH_AXES, dcn_sizes))} asks for "
+                         f"{math.prod(dcn_sizes)} slices, but the devices belong to "
+                         f"{len(granules)} {kind}")
+    return mesh_utils.create_hybrid_device_mesh(ici, tuple(dcn_sizes), devices,
+                                                process_is_granule=by_process)
 
 
 def logical_to_spec(logical: Sequence[str | None], rules: Iterable[tuple[str, Any]],
@@ -151,7 +199,8 @@ def data_parallel_size(mesh: Mesh, rules: Iterable[tuple[str, Any]]) -> int:
 
 
 def put_batch(mesh: Mesh, rules: Iterable[tuple[str, Any]], array: np.ndarray) -> jax.Array:
-    """Places a host batch (identical on every process) on the mesh, batch-sharded.
+    """Places a host batch (identical on every process) on the mesh, batch-sharded. On
+    multi-host, each process fills only the shards of its own devices from its copy.
 
     Raises ValueError when the batch does not split evenly over the data-parallel shards.
     """
@@ -162,3 +211,9 @@ def put_batch(mesh: Mesh, rules: Iterable[tuple[str, Any]], array: np.ndarray) -
                          f"{dp} data-parallel shards of the mesh {dict(mesh.shape)}")
     sharding = batch_sharding(mesh, rules, array.ndim, array.shape[0])
     return jax.make_array_from_callback(array.shape, sharding, lambda idx: array[idx])
+
+
+def put_replicated(mesh: Mesh, array: np.ndarray) -> jax.Array:
+    """Places a host array (identical on every process) on every device of the mesh."""
+    array = np.asarray(array)
+    return jax.make_array_from_callback(array.shape, replicated(mesh), lambda idx: array[idx])

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_reason import distributed
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
@@ -385,8 +386,10 @@ class RLTrainer:
         out = rt.sampler(self.state.params, pt, pv, rng, num_samples=rl.num_generations,
                          max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
                          top_p=rl.top_p, top_k=rl.top_k)
-        host = jax.device_get({"tokens": out.tokens, "lengths": out.lengths,
-                               "truncated": out.truncated, "sampler_logp": out.logprobs})
+        # Every process gets every row (an all-gather on multi-host): the host side below
+        # (decoding, rewards, row selection) is then the same on all of them.
+        host = distributed.to_host({"tokens": out.tokens, "lengths": out.lengths,
+                                    "truncated": out.truncated, "sampler_logp": out.logprobs})
         host.update(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid)
         # Train on a length bucket that covers the longest completion, not the whole budget.
         host["length"] = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
@@ -423,13 +426,21 @@ class RLTrainer:
         return self.rollout(host), host
 
     def score(self, examples, host) -> Any:
-        """Starts host-side scoring; returns a future of BatchRewards."""
+        """Starts host-side scoring; returns a future of BatchRewards (pass its result
+        through `agreed` before acting on it)."""
         tok = self.rt.tokenizer
         texts = [tok.decode(row[:n]) for row, n in zip(host["tokens"], host["lengths"])]
         rows = [ex for ex in examples for _ in range(self.rl.num_generations)]
         return self.rewards.submit(texts, rows, lengths=host["lengths"],
                                    truncated=host["truncated"], max_length=self.rl.max_new_tokens,
                                    group_size=self.rl.num_generations)
+
+    @staticmethod
+    def agreed(rewards: BatchRewards) -> BatchRewards:
+        """Process 0's rewards on every process (itself with one process). Each process
+        scores the same texts, but a verifier that times out on one host and not on another
+        would make processes pick different rows and shapes, and the collectives would hang."""
+        return distributed.broadcast_from_primary(rewards)
 
     def collect(self, examples, rng) -> tuple[list, dict, BatchRewards, dict[str, float]]:
         """Samples and scores `examples`; with `rl.dynamic_sampling` (DAPO) keeps drawing
@@ -439,7 +450,7 @@ class RLTrainer:
         their host arrays (see `generate`), rewards and the dynamic-sampling metrics."""
         rl = self.rl
         host = self.generate(examples, rng)
-        rewards = self.score(examples, host).result()
+        rewards = self.agreed(self.score(examples, host).result())
         if not rl.dynamic_sampling:
             return list(examples), host, rewards, {}
         g, b = rl.num_generations, rl.batch_prompts
@@ -453,7 +464,8 @@ class RLTrainer:
             rounds += 1
             more = next(self.data)
             more_host = self.generate(more, jax.random.fold_in(rng, rounds))
-            parts.append((list(more), more_host, self.score(more, more_host).result()))
+            parts.append((list(more), more_host,
+                          self.agreed(self.score(more, more_host).result())))
         flat = [(part, k) for part, (_, _, r) in enumerate(parts)
                 for k in np.flatnonzero(~zero_variance_groups(r.total, g))]
         informative = len(flat)
@@ -487,7 +499,7 @@ class RLTrainer:
             if self.ref_params is not None:  # every row carries the KL term: none skipped
                 rollout = self.rollout(host)
                 ref_logp = self.logprob_fn(self.ref_params, *rollout.scoring_args())
-            rewards = self.score(examples, host).result()
+            rewards = self.agreed(self.score(examples, host).result())
         times["time/score_s"] = time.time() - t0
 
         t0 = time.time()
@@ -508,7 +520,7 @@ class RLTrainer:
         all_sampler_logp = self._sampler_logp(host) if rollout is not None else None
         if rl.kl_in_reward and ref_logp is not None and not self.gae:
             # Sequence KL of the sampling policy to the reference, taken off the reward.
-            penalty = np.asarray(jax.device_get(kl_reward_penalty(
+            penalty = np.asarray(distributed.to_host(kl_reward_penalty(
                 all_sampler_logp, ref_logp, rollout.mask, beta=self.beta,
                 estimator=rl.kl_estimator)), np.float32)
             seq_rewards = seq_rewards - penalty
@@ -526,7 +538,7 @@ class RLTrainer:
                      "returns": returns}
             rows = None
         else:
-            advantages = np.asarray(jax.device_get(kernel_dispatch.group_advantages(
+            advantages = np.asarray(distributed.to_host(kernel_dispatch.group_advantages(
                 jnp.asarray(seq_rewards), rl.num_generations,
                 estimator=rl.advantage_estimator, scale=rl.advantage_scale,
                 backend=self.kernel_backend)), np.float32)
@@ -559,7 +571,7 @@ class RLTrainer:
                 self.value_state, value_metrics = self.value_update_fn(self.value_state, batch)
                 metrics = {**metrics, **value_metrics}
         self.step_count += 1
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
         self._after_update(metrics)
         times["time/train_s"] = time.time() - t0
         metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
