@@ -6,6 +6,8 @@
     jaxrl-reason eval   --checkpoint DIR [--config FILE] [--data FILE.jsonl|.parquet
                         [--data_preset generic|gsm8k|math]] [--out FILE]
     jaxrl-reason sample --checkpoint DIR --prompt TEXT [--greedy] [--max-new-tokens N]
+    jaxrl-reason sample --model HF_DIR --prompt TEXT [--chat] [--greedy] [--max-new-tokens N]
+    jaxrl-reason export --checkpoint DIR --out HF_DIR [--dtype bfloat16]
     jaxrl-reason plan   --config configs/arith_grpo.py --topology v5e:2x4   # needs libtpu
 
 Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
@@ -29,7 +31,7 @@ from typing import Sequence
 from absl import flags
 from ml_collections import config_flags
 
-COMMANDS = ("train", "sft", "eval", "sample", "plan")
+COMMANDS = ("train", "sft", "eval", "sample", "plan", "export")
 
 
 def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
@@ -49,9 +51,26 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
         flags.DEFINE_string("init_checkpoint", None,
                             "start RL from this checkpoint instead of a cold-start SFT",
                             flag_values=fv)
-    if command in ("eval", "sample"):
+    if command in ("eval", "export"):
         flags.DEFINE_string("checkpoint", None, "run workdir or phase checkpoint directory",
                             flag_values=fv, required=True)
+    if command == "sample":
+        flags.DEFINE_string("checkpoint", None, "run workdir or phase checkpoint directory "
+                            "(or --model)", flag_values=fv)
+        flags.DEFINE_string("model", None, "a Hugging Face model directory (config.json, "
+                            "*.safetensors, tokenizer files) instead of --checkpoint",
+                            flag_values=fv)
+        flags.DEFINE_bool("chat", False, "wrap the prompt in the model's chat template "
+                          "(--model only)", flag_values=fv)
+        flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                          "dtype the --model weights are loaded in", flag_values=fv)
+    if command == "export":
+        flags.DEFINE_string("out", None, "output Hugging Face model directory",
+                            flag_values=fv, required=True)
+        flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "dtype of the written "
+                          "tensors (default: the params' own)", flag_values=fv)
+        flags.DEFINE_integer("max_shard_bytes", 5_000_000_000, "split the safetensors files "
+                             "above this size", flag_values=fv)
     if command == "eval":
         flags.DEFINE_string("data", None, "JSONL or parquet file (or directory / glob) of "
                             "problems to evaluate on instead of the task's held-out sets",

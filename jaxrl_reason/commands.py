@@ -198,14 +198,40 @@ def eval(fv) -> int:  # noqa: A001 (the command's name)
     return 0
 
 
+def _sample_source(fv, mesh, rules):
+    """(params, ModelConfig, tokenizer) of `sample`: a run checkpoint or an HF directory."""
+    if bool(fv.checkpoint) == bool(fv.model):
+        raise ValueError("give exactly one of --checkpoint (a run) and --model (a Hugging "
+                         "Face model directory)")
+    if fv.checkpoint:
+        if fv.chat:
+            raise ValueError("--chat needs --model (a run's own tokenizer has no chat "
+                             "template)")
+        params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, rules)
+        return params, model_cfg, tokenizer
+    from jaxrl_reason.models import hf
+    from jaxrl_reason.tokenizers import load_tokenizer
+    tokenizer = load_tokenizer(fv.model)  # first: a bad directory fails before any weights
+    model_cfg, params = hf.load_hf_checkpoint(fv.model, mesh, rules, dtype=fv.dtype)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"{fv.model}: the tokenizer has {tokenizer.vocab_size} tokens but "
+                         f"the model's embedding only {model_cfg.vocab_size} rows")
+    return params, model_cfg, tokenizer
+
+
 def sample(fv) -> int:
     mesh = shd.make_mesh({"data": -1})
     rules = shd.DEFAULT_RULES
-    params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, rules)
+    params, model_cfg, tokenizer = _sample_source(fv, mesh, rules)
     model = Transformer(model_cfg)
     sampler = Sampler(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
                       rules=rules)
-    ids = tokenizer.encode(fv.prompt, add_bos=tokenizer.add_bos_token)
+    if fv.chat:
+        from jaxrl_reason.tokenizers import apply_chat_template
+        text = apply_chat_template(tokenizer, [{"role": "user", "content": fv.prompt}])
+        ids = tokenizer.encode(text, add_bos=False)  # the template writes any bos it wants
+    else:
+        ids = tokenizer.encode(fv.prompt, add_bos=tokenizer.add_bos_token)
     tokens, valid = left_pad([ids], len(ids), tokenizer.pad_id)
     put = lambda x: shd.put_replicated(mesh, x)  # noqa: E731
     out = sampler(params, put(tokens), put(valid), jax.random.key(fv.seed),
@@ -214,4 +240,20 @@ def sample(fv) -> int:
     toks, lens = distributed.to_host((out.tokens, out.lengths))
     for row, n in zip(toks, lens):
         _say(tokenizer.decode(row[:n]))
+    return 0
+
+
+def export(fv) -> int:
+    """A run's checkpoint as a Hugging Face model directory (config.json, safetensors,
+    tokenizer files) that transformers and other tools load."""
+    from jaxrl_reason.models import hf
+    mesh = shd.make_mesh({"data": -1})
+    params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, shd.DEFAULT_RULES)
+    params = distributed.to_host(params)  # every process takes part in the gather
+    if distributed.is_primary():
+        files = hf.export_hf_checkpoint(model_cfg, params, fv.out, dtype=fv.dtype,
+                                        max_shard_bytes=fv.max_shard_bytes)
+        tokenizer.save_dir(fv.out)
+        _say(f"wrote {len(files)} files to {fv.out}: " + ", ".join(
+            sorted(os.path.basename(f) for f in files)))
     return 0

@@ -176,6 +176,27 @@ def test_sample_prints_a_completion(smoke_run, capsys):
     assert out.strip()
 
 
+def test_export_then_sample_the_hf_directory_gives_the_same_completion(smoke_run, tmp_path,
+                                                                         capsys):
+    """`export` writes a Hugging Face directory (config.json, safetensors, tokenizer files);
+    `sample --model` on it decodes exactly what `sample --checkpoint` does (greedy)."""
+    workdir = smoke_run(ARITH)
+    out_dir = tmp_path / "hf"
+    capsys.readouterr()
+    assert run_cli("export", "--checkpoint", str(workdir), "--out", str(out_dir)) == 0
+    assert "config.json" in capsys.readouterr().out
+    assert {"config.json", "model.safetensors", "tokenizer.model"} <= set(os.listdir(out_dir))
+    completions = []
+    for source in (("--checkpoint", str(workdir)), ("--model", str(out_dir))):
+        assert run_cli("sample", *source, "--prompt", "What is 2+3?", "--greedy",
+                       "--max-new-tokens", "8") == 0
+        completions.append(capsys.readouterr().out)
+    assert completions[0].strip() and completions[0] == completions[1]
+    _fails(capsys, ["sample", "--checkpoint", str(workdir), "--model", str(out_dir),
+                    "--prompt", "x"], "exactly one of --checkpoint")
+    _fails(capsys, ["sample", "--model", str(tmp_path / "nope"), "--prompt", "x"], "nope")
+
+
 def test_eval_on_a_jsonl_file_writes_a_report(smoke_run, tmp_path, capsys):
     workdir = smoke_run(ARITH)
     data = tmp_path / "probe.jsonl"
