@@ -38,6 +38,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name = "arith_grpo"                   # run name; default workdir is runs/<name>
     c.seed = 0                              # seeds params, data order and sampling
     c.model = _model("test" if smoke else "tiny")  # decoder hyper-parameters (ModelConfig)
+    # A Hugging Face model directory to start from instead of a cold-start SFT: its
+    # config.json gives the architecture (only the model block's dtype/remat/log-prob/
+    # attention-chunk knobs apply), its safetensors the weights, its files the tokenizer.
+    c.hf_model = ""
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1                        # data-parallel axis (-1: all remaining devices)

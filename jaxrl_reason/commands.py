@@ -118,6 +118,12 @@ def train(fv) -> int:
             raise ValueError(f"--init_checkpoint {fv.init_checkpoint!r} holds a model "
                              f"{model_cfg} that differs from the config's {rt.model_cfg}")
         start_name = "init"
+    elif config.get("hf_model"):  # R1-Zero style: RL straight from the given model
+        from jaxrl_reason.models import hf
+        _, params = hf.load_hf_checkpoint(config.hf_model, rt.mesh, rt.rules,
+                                          dtype=rt.model_cfg.param_dtype,
+                                          compute_dtype=rt.model_cfg.dtype)
+        start_name = "base"
     else:
         params = run_sft(rt, writer, resume=fv.resume)
         start_name = "sft"

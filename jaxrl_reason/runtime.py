@@ -105,6 +105,24 @@ def _replicate(tree, sharding):
     return jax.lax.with_sharding_constraint(tree, sharding)
 
 
+# ModelConfig fields that are training/memory knobs, not architecture: with `hf_model` they
+# come from the config's `model` block, everything else from the checkpoint's config.json.
+HF_KNOBS = ("dtype", "param_dtype", "remat", "logprobs_impl", "logprobs_seq_chunk",
+            "logprobs_vocab_chunk", "attention_chunk")
+
+
+def hf_model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
+    """The ModelConfig of `config.hf_model` (its config.json) with the `model` block's knobs
+    (`HF_KNOBS`); ValueError when the tokenizer has more pieces than the embedding rows."""
+    from jaxrl_reason.models.hf import load_hf_config
+    cfg = load_hf_config(config.hf_model)
+    cfg = cfg.replace(**{k: config.model[k] for k in HF_KNOBS if k in config.model})
+    if vocab_size > cfg.vocab_size:
+        raise ValueError(f"hf_model={config.hf_model!r}: the tokenizer has {vocab_size} "
+                         f"pieces but the model's embedding only {cfg.vocab_size} rows")
+    return cfg
+
+
 def model_config(model: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
     """ModelConfig from the config's `model` block; vocab_size 0 takes the tokenizer's."""
     fields = model.to_dict()
@@ -152,6 +170,10 @@ def _build_tokenizer(config: ml_collections.ConfigDict,
         if not os.path.exists(config.tokenizer.path):
             raise FileNotFoundError(f"tokenizer.path={config.tokenizer.path!r} does not exist")
         return load_tokenizer(config.tokenizer.path)
+    if config.get("hf_model"):  # the model directory's own tokenizer
+        if not os.path.isdir(config.hf_model):
+            raise FileNotFoundError(f"hf_model={config.hf_model!r} is not a directory")
+        return load_tokenizer(config.hf_model)
     saved = os.path.join(workdir, TOKENIZER_FILE)
     if paths.is_remote(workdir):  # gs://...: through etils.epath
         remote = paths.as_path(saved)
@@ -178,7 +200,10 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
     rules = tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
                   for name, axes in config.sharding_rules)
     tokenizer = tokenizer or build_tokenizer(config, workdir)
-    model_cfg = model_config(config.model, tokenizer.vocab_size)
+    if config.get("hf_model"):
+        model_cfg = hf_model_config(config, tokenizer.vocab_size)
+    else:
+        model_cfg = model_config(config.model, tokenizer.vocab_size)
     model = Transformer(model_cfg)
     sampler_cls = GatheredSampler if jax.process_count() > 1 else Sampler
     sampler = sampler_cls(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,

@@ -84,6 +84,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     problems += mesh_problems
 
     problems += _task_problems(config)
+    if _get(config, "requires_hf_model", False) and not _get(config, "hf_model", ""):
+        problems.append("hf_model: this config trains a real model: give its local Hugging "
+                        "Face directory, --config.hf_model=/path/to/model (or use :smoke)")
     buckets = _get(config, "task.prompt_buckets", ())
     if not buckets or not all(isinstance(b, int) and b > 0 for b in buckets):
         problems.append(f"task.prompt_buckets: must be positive integers, got {buckets!r}")

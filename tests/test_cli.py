@@ -197,6 +197,23 @@ def test_export_then_sample_the_hf_directory_gives_the_same_completion(smoke_run
     _fails(capsys, ["sample", "--model", str(tmp_path / "nope"), "--prompt", "x"], "nope")
 
 
+def test_train_from_a_hugging_face_directory(smoke_run, tmp_path, capsys):
+    """config.hf_model: RL starts from the directory's weights (no cold-start SFT) with its
+    tokenizer; the starting point evaluates as the exported policy did."""
+    workdir = smoke_run(ARITH)
+    hf_dir, run = tmp_path / "hf", tmp_path / "from_hf"
+    assert run_cli("export", "--checkpoint", str(workdir), "--out", str(hf_dir)) == 0
+    assert run_cli("train", "--config", f"{ARITH}:smoke", "--workdir", str(run),
+                   f"--config.hf_model={hf_dir}", "--config.rl.steps=2") == 0
+    reports = json.load(open(run / "eval.json"))["reports"]
+    assert set(reports) == {"base", "rl"}
+    original = json.load(open(workdir / "eval.json"))["reports"]["rl"]
+    assert reports["base"] == original
+    assert not (run / "checkpoints" / "sft").exists()
+    _fails(capsys, ["train", "--config", f"{ARITH}:smoke", "--workdir", str(tmp_path / "x"),
+                    f"--config.hf_model={tmp_path / 'missing'}"], "missing")
+
+
 def test_eval_on_a_jsonl_file_writes_a_report(smoke_run, tmp_path, capsys):
     workdir = smoke_run(ARITH)
     data = tmp_path / "probe.jsonl"
