@@ -12,7 +12,8 @@ Cases, each timed after a warm-up (compile) call, ``--repeats`` times, median re
   * ``group_advantages`` ("grpo"/"group" and "reinforce_pp"/"batch") for ``num_groups x G``
     in ``--adv-shapes``.
 
-On TPU both backends run ("pallas" compiled by Mosaic) and the speed-up is printed. Elsewhere
+On TPU and GPU both backends run ("pallas" compiled by Mosaic on TPU, by Triton on GPU: the
+``*_gpu.py`` versions) and the speed-up is printed. On CPU
 only the reference is timed: the kernels would run in the Pallas interpreter, which checks
 correctness and says nothing about speed (``--interpret`` times it anyway, labelled as such).
 """
@@ -32,7 +33,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_reason.kernels import group_advantage as ga  # noqa: E402
+from jaxrl_reason.kernels import group_advantage_gpu as ga_gpu  # noqa: E402
 from jaxrl_reason.kernels import policy_loss as pl  # noqa: E402
+from jaxrl_reason.kernels import policy_loss_gpu as pl_gpu  # noqa: E402
+
+ON_GPU = jax.default_backend() == "gpu"
 
 
 def _median_ms(fn, args, repeats: int) -> float:
@@ -63,7 +68,7 @@ def _loss_fn(impl: str, interpret: bool):
     options = dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.28, beta=0.04,
                    kl_estimator="k3", entropy_coef=0.01, clip_ratio_c=3.0)
     if impl == "pallas":
-        loss = pl.policy_loss
+        loss = pl_gpu.policy_loss if ON_GPU else pl.policy_loss  # Triton on GPU
         options["interpret"] = interpret
     else:
         loss = pl.policy_loss_reference
@@ -80,8 +85,9 @@ def _loss_fn(impl: str, interpret: bool):
 
 def _adv_fn(impl: str, interpret: bool, group_size: int, estimator: str, scale: str):
     if impl == "pallas":
-        return jax.jit(lambda r: ga.group_advantage(r, group_size, estimator=estimator,
-                                                    scale=scale, interpret=interpret)[0])
+        kernels = ga_gpu if ON_GPU else ga  # Triton on GPU, Mosaic on TPU
+        return jax.jit(lambda r: kernels.group_advantage(r, group_size, estimator=estimator,
+                                                         scale=scale, interpret=interpret)[0])
     return jax.jit(lambda r: ga.group_advantage_reference(r, group_size, estimator=estimator,
                                                           scale=scale)[0])
 
@@ -104,7 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
 
-    on_tpu = jax.default_backend() == "tpu"
+    on_tpu = jax.default_backend() in ("tpu", "gpu")  # the kernels compile there
     impls = ["reference", "pallas"] if on_tpu or args.interpret else ["reference"]
     loss_shapes = args.loss_shapes or ([(64, 1024), (256, 2048)] if on_tpu
                                        else [(16, 512), (64, 1024)])
