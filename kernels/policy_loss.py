@@ -213,60 +213,73 @@ def _policy_loss_jit(logp, old_logp, advantages, mask, beta, ref_logp, num_token
 # ----------------------------------------------------------------------------- custom_vjp
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _policy_loss(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
-                 num_sequences, num_tokens_global):
-    return _policy_loss_fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta,
-                            entropy_coef, num_sequences, num_tokens_global)[0]
+def make_custom_loss(forward_call, backward_call):
+    """The loss with its custom VJP around one backend's kernel calls (Mosaic here, Triton in
+    ``policy_loss_gpu``): the ``[B]``-sized epilogue (normalizers, loss, metrics) and the
+    cotangents are shared; only the kernels differ.
 
+    Args:
+      forward_call: ``(cfg, logp, old_logp, ref_logp, adv, mask, entropy) -> rows`` f32
+        ``[B, >= _MAX + 1]``, per-row statistics in the lanes ``_N`` ... ``_MAX``.
+      backward_call: ``(cfg, scalars f32[2] (beta, entropy_coef), logp, old_logp, ref_logp,
+        adv, mask, entropy, row_grad f32[B, 1]) -> (dlogp, dentropy or None)``.
+    Returns: ``loss(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
+      num_sequences, num_tokens_global) -> (loss f32[], metrics)``.
+    """
 
-def _policy_loss_fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
-                     num_sequences, num_tokens_global):
-    rows = _forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy)  # [Bp, 128]
-    n_b = rows[:, _N]
-    total = jnp.sum(n_b)
-    if cfg.loss_type == "grpo":
-        weight = 1.0 / (jnp.maximum(n_b, 1.0) * num_sequences)
-    elif cfg.loss_type == "dr_grpo":
-        weight = jnp.broadcast_to(1.0 / (num_sequences * cfg.max_completion_length), n_b.shape)
-    else:  # "bnpo", "dapo": token mean over this batch or the global batch
-        count = total if num_tokens_global is None else num_tokens_global
-        weight = jnp.broadcast_to(1.0 / jnp.maximum(count, 1.0), n_b.shape)
-    pg_loss, kl_agg, ent_agg = (jnp.sum(weight * rows[:, k]) for k in (_PG, _KL, _ENT))
-    loss = pg_loss + beta * kl_agg - entropy_coef * ent_agg
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def loss(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
+             num_sequences, num_tokens_global):
+        return fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
+                   num_sequences, num_tokens_global)[0]
 
-    denom = jnp.maximum(total, 1.0)
-    metrics = {
-        "clip_frac_low": jnp.sum(rows[:, _LOW]) / denom,
-        "clip_frac_high": jnp.sum(rows[:, _HIGH]) / denom,
-        "ratio_mean": jnp.sum(rows[:, _RATIO]) / denom,
-        "ratio_max": jnp.max(rows[:, _MAX]),
-    }
-    if cfg.clip_ratio_c is not None:
-        metrics["clip_frac_dual"] = jnp.sum(rows[:, _DUAL]) / denom
-    metrics.update(kl=jnp.sum(rows[:, _KL]) / denom, entropy=jnp.sum(rows[:, _ENT]) / denom,
-                   pg_loss=pg_loss)
-    residuals = (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
-                 num_sequences, num_tokens_global, weight, kl_agg, ent_agg)
-    return (loss, metrics), residuals
+    def fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
+            num_sequences, num_tokens_global):
+        rows = forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy)
+        n_b = rows[:, _N]
+        total = jnp.sum(n_b)
+        if cfg.loss_type == "grpo":
+            weight = 1.0 / (jnp.maximum(n_b, 1.0) * num_sequences)
+        elif cfg.loss_type == "dr_grpo":
+            weight = jnp.broadcast_to(1.0 / (num_sequences * cfg.max_completion_length),
+                                      n_b.shape)
+        else:  # "bnpo", "dapo": token mean over this batch or the global batch
+            count = total if num_tokens_global is None else num_tokens_global
+            weight = jnp.broadcast_to(1.0 / jnp.maximum(count, 1.0), n_b.shape)
+        pg_loss, kl_agg, ent_agg = (jnp.sum(weight * rows[:, k]) for k in (_PG, _KL, _ENT))
+        value = pg_loss + beta * kl_agg - entropy_coef * ent_agg
 
+        denom = jnp.maximum(total, 1.0)
+        metrics = {
+            "clip_frac_low": jnp.sum(rows[:, _LOW]) / denom,
+            "clip_frac_high": jnp.sum(rows[:, _HIGH]) / denom,
+            "ratio_mean": jnp.sum(rows[:, _RATIO]) / denom,
+            "ratio_max": jnp.max(rows[:, _MAX]),
+        }
+        if cfg.clip_ratio_c is not None:
+            metrics["clip_frac_dual"] = jnp.sum(rows[:, _DUAL]) / denom
+        metrics.update(kl=jnp.sum(rows[:, _KL]) / denom, entropy=jnp.sum(rows[:, _ENT]) / denom,
+                       pg_loss=pg_loss)
+        residuals = (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
+                     num_sequences, num_tokens_global, weight, kl_agg, ent_agg)
+        return (value, metrics), residuals
 
-def _policy_loss_bwd(cfg, residuals, cotangents):
-    (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef, num_sequences,
-     num_tokens_global, weight, kl_agg, ent_agg) = residuals
-    g = cotangents[0]  # metrics are stop-gradient values: their cotangents are ignored
-    scalars = jnp.stack([beta, entropy_coef]).astype(jnp.float32)
-    dlogp, dent = _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy,
-                                 (g * weight)[:, None])
+    def bwd(cfg, residuals, cotangents):
+        (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef, num_sequences,
+         num_tokens_global, weight, kl_agg, ent_agg) = residuals
+        g = cotangents[0]  # metrics are stop-gradient values: their cotangents are ignored
+        scalars = jnp.stack([beta, entropy_coef]).astype(jnp.float32)
+        dlogp, dent = backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy,
+                                    (g * weight)[:, None])
 
-    def zeros(x):
-        return None if x is None else jnp.zeros_like(x)
+        def zeros(x):
+            return None if x is None else jnp.zeros_like(x)
 
-    return (dlogp, zeros(old_logp), zeros(ref_logp), zeros(adv), zeros(mask), dent,
-            g * kl_agg, -g * ent_agg, zeros(num_sequences), zeros(num_tokens_global))
+        return (dlogp, zeros(old_logp), zeros(ref_logp), zeros(adv), zeros(mask), dent,
+                g * kl_agg, -g * ent_agg, zeros(num_sequences), zeros(num_tokens_global))
 
-
-_policy_loss.defvjp(_policy_loss_fwd, _policy_loss_bwd)
+    loss.defvjp(fwd, bwd)
+    return loss
 
 
 # ----------------------------------------------------------------------------- pallas calls
@@ -357,6 +370,9 @@ def _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy, r
 
 
 # ----------------------------------------------------------------------------- kernel bodies
+
+
+_policy_loss = make_custom_loss(_forward_call, _backward_call)
 
 
 def _load_tokens(cfg, refs):

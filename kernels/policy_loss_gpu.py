@@ -41,6 +41,7 @@ from jax.experimental.pallas import triton as pltriton
 from jaxrl_reason.kernels.policy_loss import (
     _DUAL, _ENT, _HIGH, _KL, _LOW, _MAX, _N, _PG, _RATIO,
     _per_shard,
+    make_custom_loss,
     _round_up,
     policy_loss_reference,
 )
@@ -194,66 +195,6 @@ def _policy_loss_jit(logp, old_logp, advantages, mask, beta, ref_logp, num_token
         None if num_tokens_global is None else f32(num_tokens_global))
 
 
-# ----------------------------------------------------------------------------- custom_vjp
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _policy_loss(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
-                 num_sequences, num_tokens_global):
-    return _policy_loss_fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta,
-                            entropy_coef, num_sequences, num_tokens_global)[0]
-
-
-def _policy_loss_fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
-                     num_sequences, num_tokens_global):
-    rows = _forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy)  # f32[B, 16]
-    # The [B]-sized epilogue, the same as ``policy_loss._policy_loss_fwd``'s.
-    n_b = rows[:, _N]
-    total = jnp.sum(n_b)
-    if cfg.loss_type == "grpo":
-        weight = 1.0 / (jnp.maximum(n_b, 1.0) * num_sequences)
-    elif cfg.loss_type == "dr_grpo":
-        weight = jnp.broadcast_to(1.0 / (num_sequences * cfg.max_completion_length), n_b.shape)
-    else:  # "bnpo", "dapo": token mean over this batch or the global batch
-        count = total if num_tokens_global is None else num_tokens_global
-        weight = jnp.broadcast_to(1.0 / jnp.maximum(count, 1.0), n_b.shape)
-    pg_loss, kl_agg, ent_agg = (jnp.sum(weight * rows[:, k]) for k in (_PG, _KL, _ENT))
-    loss = pg_loss + beta * kl_agg - entropy_coef * ent_agg
-
-    denom = jnp.maximum(total, 1.0)
-    metrics = {
-        "clip_frac_low": jnp.sum(rows[:, _LOW]) / denom,
-        "clip_frac_high": jnp.sum(rows[:, _HIGH]) / denom,
-        "ratio_mean": jnp.sum(rows[:, _RATIO]) / denom,
-        "ratio_max": jnp.max(rows[:, _MAX]),
-    }
-    if cfg.clip_ratio_c is not None:
-        metrics["clip_frac_dual"] = jnp.sum(rows[:, _DUAL]) / denom
-    metrics.update(kl=jnp.sum(rows[:, _KL]) / denom, entropy=jnp.sum(rows[:, _ENT]) / denom,
-                   pg_loss=pg_loss)
-    residuals = (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
-                 num_sequences, num_tokens_global, weight, kl_agg, ent_agg)
-    return (loss, metrics), residuals
-
-
-def _policy_loss_bwd(cfg, residuals, cotangents):
-    (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef, num_sequences,
-     num_tokens_global, weight, kl_agg, ent_agg) = residuals
-    g = cotangents[0]  # metrics are stop-gradient values: their cotangents are ignored
-    scalars = jnp.stack([beta, entropy_coef]).astype(jnp.float32)
-    dlogp, dent = _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy,
-                                 g * weight)
-
-    def zeros(x):
-        return None if x is None else jnp.zeros_like(x)
-
-    return (dlogp, zeros(old_logp), zeros(ref_logp), zeros(adv), zeros(mask), dent,
-            g * kl_agg, -g * ent_agg, zeros(num_sequences), zeros(num_tokens_global))
-
-
-_policy_loss.defvjp(_policy_loss_fwd, _policy_loss_bwd)
-
-
 # ----------------------------------------------------------------------------- pallas calls
 
 
@@ -311,6 +252,16 @@ def _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy, r
 
 
 # ----------------------------------------------------------------------------- kernel bodies
+
+
+def _backward_rows(cfg, scalars, *tokens_and_row_grad):
+    """``_backward_call`` with the shared VJP's row gradient ``[B, 1]`` as ``[B]``."""
+    *tokens, row_grad = tokens_and_row_grad
+    return _backward_call(cfg, scalars, *tokens, row_grad[:, 0])
+
+
+# The epilogue and cotangents are the Mosaic version's; only the kernels differ.
+_policy_loss = make_custom_loss(_forward_call, _backward_rows)
 
 
 def _load_row_block(cfg, refs, block_b):
