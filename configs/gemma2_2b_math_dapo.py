@@ -22,29 +22,19 @@ from jaxrl_reason.config_files import sibling_config
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     qwen = sibling_config(__file__, "qwen2_5_1_5b_gsm8k_grpo")
-    target = arg or "gpu"
-    if target not in qwen.TARGETS:
-        raise ValueError(f"unknown config argument {arg!r}; one of {qwen.TARGETS}")
+    target = qwen.target_of(arg)
     smoke = target == "smoke"
     c = sibling_config(__file__, "gsm8k_file_grpo").get_config("smoke" if smoke else None)
     dapo = sibling_config(__file__, "arith_dapo").get_config("smoke" if smoke else None)
     c.name = "gemma2_2b_math_dapo"
-    c.requires_hf_model = False
     for key in ("algorithm", "epsilon_low", "epsilon_high", "loss_type", "dynamic_sampling",
                 "dynamic_sampling_max_rounds", "beta"):
         c.rl[key] = dapo.rl[key]
     c.rewards.weights = ml_collections.ConfigDict(
         {"correctness": 1.0, "format_strict": 0.1, "overlong_dapo": 1.0})
-    c = qwen.real_model(c, target)
+    c = qwen.real_model(c, target, max_new_tokens=1024, micro_batches=16)
     if not smoke:
         c.task.preset = "math"
         c.task.template = "boxed"
         c.task.prompt_buckets = (256, 512)
-        c.rl.max_new_tokens = 1024
-        c.rl.batch_prompts = 16
-        c.rl.num_generations = 8
-        c.rl.learning_rate = 1e-6
-        c.rl.micro_batches = 16
-        c.rl.steps = 500
-        c.eval.max_new_tokens = 1024
     return c

@@ -17,24 +17,14 @@ from jaxrl_reason.config_files import sibling_config
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     qwen = sibling_config(__file__, "qwen2_5_1_5b_gsm8k_grpo")
-    target = arg or "gpu"
-    if target not in qwen.TARGETS:
-        raise ValueError(f"unknown config argument {arg!r}; one of {qwen.TARGETS}")
+    target = qwen.target_of(arg)
     smoke = target == "smoke"
     c = sibling_config(__file__, "countdown_grpo").get_config("smoke" if smoke else None)
     c.name = "llama3_1b_countdown_grpo"
-    c.requires_hf_model = False
-    c = qwen.real_model(c, target)
+    c = qwen.real_model(c, target, max_new_tokens=512, micro_batches=8)
     if not smoke:
         c.task.train_levels = (2, 3)        # three and four numbers
         c.task.eval_levels = ((2, 3), (4,))
         c.task.prompt_buckets = (128,)
-        c.rl.max_new_tokens = 512
-        c.rl.batch_prompts = 16
-        c.rl.num_generations = 8
         c.rl.beta = 0.001
-        c.rl.learning_rate = 1e-6
-        c.rl.micro_batches = 8
-        c.rl.steps = 500
-        c.eval.max_new_tokens = 512
     return c

@@ -24,8 +24,19 @@ from jaxrl_reason.config_files import sibling_config
 TARGETS = ("smoke", "gpu", "v5e-8")
 
 
-def real_model(c: ml_collections.ConfigDict, target: str) -> ml_collections.ConfigDict:
-    """Shared settings of the real-model configs for `target` in TARGETS (None = gpu)."""
+def target_of(arg: str | None) -> str:
+    """The config argument as a target in TARGETS (default "gpu"); ValueError otherwise."""
+    target = arg or "gpu"
+    if target not in TARGETS:
+        raise ValueError(f"unknown config argument {arg!r}; one of {TARGETS}")
+    return target
+
+
+def real_model(c: ml_collections.ConfigDict, target: str, *, max_new_tokens: int,
+               micro_batches: int) -> ml_collections.ConfigDict:
+    """Shared settings of the real-model configs for `target` in TARGETS: the knobs, the
+    mesh, and GRPO's batch (16 prompts x G = 8, lr 1e-6, 500 steps). Smoke: unchanged."""
+    c.requires_hf_model = False
     if target == "smoke":
         return c
     c.requires_hf_model = True
@@ -40,27 +51,22 @@ def real_model(c: ml_collections.ConfigDict, target: str) -> ml_collections.Conf
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 8, 1
     else:
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+    c.rl.max_new_tokens = c.eval.max_new_tokens = max_new_tokens
+    c.rl.batch_prompts, c.rl.num_generations = 16, 8
+    c.rl.learning_rate = 1e-6
+    c.rl.micro_batches = micro_batches
+    c.rl.steps = 500
     return c
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    target = arg or "gpu"
-    if target not in TARGETS:
-        raise ValueError(f"unknown config argument {arg!r}; one of {TARGETS}")
+    target = target_of(arg)
     smoke = target == "smoke"
     c = sibling_config(__file__, "gsm8k_file_grpo").get_config("smoke" if smoke else None)
     c.name = "qwen2_5_1_5b_gsm8k_grpo"
-    c.requires_hf_model = False
-    c = real_model(c, target)
+    c = real_model(c, target, max_new_tokens=512, micro_batches=8)
     if not smoke:
         c.task.template = "r1"
         c.task.prompt_buckets = (256,)
-        c.rl.max_new_tokens = 512
-        c.rl.batch_prompts = 16
-        c.rl.num_generations = 8
         c.rl.beta = 0.04
-        c.rl.learning_rate = 1e-6
-        c.rl.micro_batches = 8
-        c.rl.steps = 500
-        c.eval.max_new_tokens = 512
     return c
