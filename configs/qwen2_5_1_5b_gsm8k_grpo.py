@@ -43,6 +43,7 @@ def real_model(c: ml_collections.ConfigDict, target: str, *, max_new_tokens: int
     c.model.dtype = "bfloat16"              # matmuls in bf16, float32 masters and Adam
     c.model.param_dtype = "float32"
     c.model.remat = "block"
+    c.model.scan_layers = True              # one block in the program: FSDP gathers per layer
     c.model.logprobs_impl = "auto"          # chunked on GPU/TPU: never [B, L, V] logits
     c.model.attention_chunk = 512
     c.sft.steps = 1                         # unused: RL starts from hf_model

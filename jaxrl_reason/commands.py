@@ -23,7 +23,7 @@ from jaxrl_reason import sharding as shd
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.data.files import read_examples
 from jaxrl_reason.data.tasks import task_source
-from jaxrl_reason.models.params import abstract_params
+from jaxrl_reason.models.params import abstract_params, to_layout
 from jaxrl_reason.reliability import (Preempted, check_prompt_lengths, check_workdir,
                                       stop_requested, tree_bytes)
 from jaxrl_reason.metrics import MetricsWriter
@@ -114,6 +114,9 @@ def train(fv) -> int:
     t0 = time.time()
     if fv.init_checkpoint:
         params, model_cfg, _, _ = load_params(fv.init_checkpoint, rt.mesh, rt.rules)
+        # The layer layout is a knob of this run, not of the checkpoint: convert it.
+        params = to_layout(rt.model_cfg, params)
+        model_cfg = model_cfg.replace(scan_layers=rt.model_cfg.scan_layers)
         if model_cfg != rt.model_cfg:
             raise ValueError(f"--init_checkpoint {fv.init_checkpoint!r} holds a model "
                              f"{model_cfg} that differs from the config's {rt.model_cfg}")
@@ -122,7 +125,8 @@ def train(fv) -> int:
         from jaxrl_reason.models import hf
         _, params = hf.load_hf_checkpoint(config.hf_model, rt.mesh, rt.rules,
                                           dtype=rt.model_cfg.param_dtype,
-                                          compute_dtype=rt.model_cfg.dtype)
+                                          compute_dtype=rt.model_cfg.dtype,
+                                          scan_layers=rt.model_cfg.scan_layers)
         start_name = "base"
     else:
         params = run_sft(rt, writer, resume=fv.resume)

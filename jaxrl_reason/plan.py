@@ -14,7 +14,10 @@ chip's HBM, FLOPs and HBM bytes of one call, the roofline time max(FLOPs / peak,
 bandwidth) and the model FLOP utilization that time implies (model FLOPs: 2 |theta| per token
 forward, 6 |theta| forward + backward, over the whole slice). XLA's cost analysis counts a
 `while` loop's body once, so the sampler's FLOPs and bytes are the analytic per-token count
-times the number of decoded tokens (noted in the output).
+times the number of decoded tokens (noted in the output). For the same reason, with
+`model.scan_layers` the log-prob pass's and update's FLOPs and bytes come from two extra
+compiles of the same programs with 1 and 2 unrolled layers (cost = base + n_layers x one
+layer, both read off XLA), while their memory is the full-depth scanned compile's.
 """
 from __future__ import annotations
 
@@ -172,10 +175,61 @@ def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan]}.
     """
     with kernel_platform.target("tpu"):
-        return _plan(config, topology)
+        report = _plan(config, topology)
+        if config.model.get("scan_layers") and config.model.n_layers > 1:
+            report = _with_unrolled_layer_cost(config, topology, report)
+        return report
 
 
-def _plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
+def _with_unrolled_layer_cost(config, topology, report):
+    """`report` with the log-prob pass's and update's FLOPs/bytes extrapolated from 1- and
+    2-layer unrolled compiles: XLA counts the scanned layer loop's body once."""
+    layers = int(config.model.n_layers)
+    costs = []
+    for n in (1, 2):
+        small = ml_collections.ConfigDict(config.to_dict())
+        small.model.n_layers, small.model.scan_layers = n, False
+        costs.append({p.name: p for p in _plan(small, topology, with_sampler=False)["programs"]})
+    programs = []
+    for prog in report["programs"]:
+        if prog.name in costs[0]:
+            one, two = costs[0][prog.name], costs[1][prog.name]
+            note = (f"FLOPs/bytes from 1- and 2-layer unrolled compiles (XLA counts the "
+                    f"scanned {layers}-layer loop once)" + (f"; {one.note}" if one.note else ""))
+            prog = dataclasses.replace(
+                prog, flops=one.flops + (layers - 1) * (two.flops - one.flops),
+                hbm_bytes=one.hbm_bytes + (layers - 1) * (two.hbm_bytes - one.hbm_bytes),
+                note=note)
+        programs.append(prog)
+    return dict(report, programs=programs)
+
+
+def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
+                     n_dev) -> ProgramPlan:
+    """The sampler: prefill p prompts of tp tokens, decode `length` tokens for p * g rows.
+    FLOPs and bytes are analytic (XLA counts the decode loop's body once)."""
+    n, rep = p * g, shd.replicated(mesh)
+    sampler = Sampler(model, eos_id=2, pad_id=0, mesh=mesh, rules=rules)
+    prompt_sharding = (shd.batch_sharding(mesh, rules, 2, p)
+                       if p % shd.data_parallel_size(mesh, rules) == 0 else rep)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    lowered = sampler._generate.lower(
+        params, _sds((p, tp), jnp.int32, prompt_sharding), _sds((p, tp), bool, prompt_sharding),
+        _sds(key.shape, key.dtype, rep), _sds((), jnp.float32, rep),
+        _sds((), jnp.float32, rep), _sds((), jnp.int32, rep), num_samples=g,
+        max_new_tokens=length)
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    per_token = 2 * num_params + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (tp + length)
+    decode_flops = per_token * (p * tp + n * length)
+    return _compile(
+        "sampler", lowered, params, decode_flops, n_dev,
+        note="FLOPs/bytes analytic (XLA counts the decode loop body once): weights read "
+             "once per decoded token",
+        flops=decode_flops / n_dev, hbm=tree_bytes(params) / n_dev * (length + 1))
+
+
+def _plan(config: ml_collections.ConfigDict, topology: str,
+          with_sampler: bool = True) -> dict[str, Any]:
     chip, devices = topology_devices(topology)
     mesh = shd.make_mesh(dict(config.mesh), devices)
     rules = tuple((n, tuple(a) if isinstance(a, (list, tuple)) else a)
@@ -195,24 +249,10 @@ def _plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     programs = []
 
     # 1. Sampler: prefill P prompts, decode L tokens for N rows.
-    sampler = Sampler(model, eos_id=2, pad_id=0, mesh=mesh, rules=rules)
-    prompt_sharding = (shd.batch_sharding(mesh, rules, 2, p)
-                       if p % shd.data_parallel_size(mesh, rules) == 0 else rep)
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    lowered = sampler._generate.lower(
-        params, _sds((p, tp), jnp.int32, prompt_sharding), _sds((p, tp), bool, prompt_sharding),
-        _sds(key.shape, key.dtype, rep), _sds((), jnp.float32, rep),
-        _sds((), jnp.float32, rep), _sds((), jnp.int32, rep), num_samples=g,
-        max_new_tokens=length)
-    per_token = 2 * num_params + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (tp + length)
-    decode_flops = per_token * (p * tp + n * length)
-    param_bytes = tree_bytes(params)
     n_dev = len(devices)
-    programs.append(_compile(
-        "sampler", lowered, params, decode_flops, n_dev,
-        note="FLOPs/bytes analytic (XLA counts the decode loop body once): weights read "
-             "once per decoded token",
-        flops=decode_flops / n_dev, hbm=param_bytes / n_dev * (length + 1)))
+    if with_sampler:
+        programs.append(_sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
+                                         n_dev))
 
     # 2. Log-prob pass (reference / old policy) over the N rows.
     rollout = (_sds((n, tp), jnp.int32, batch_sharding(2)), _sds((n, tp), bool, batch_sharding(2)),

@@ -6,12 +6,13 @@ from jaxrl_reason.models.hf import (config_from_hf, export_hf_checkpoint, hf_con
                                     load_hf_checkpoint, load_hf_config)
 from jaxrl_reason.models.params import (abstract_params, cache_shardings, count_params,
                                         init_cache, init_params, param_logical_axes,
-                                        param_shardings)
+                                        param_shardings, stack_layers, to_layout,
+                                        unstack_layers)
 from jaxrl_reason.models.transformer import Transformer, rope
 
 __all__ = [
     "PRESETS", "ModelConfig", "Transformer", "abstract_params", "cache_shardings",
     "config_from_hf", "count_params", "export_hf_checkpoint", "get_preset", "hf_config",
     "init_cache", "init_params", "load_hf_checkpoint", "load_hf_config", "param_logical_axes",
-    "param_shardings", "rope",
+    "param_shardings", "rope", "stack_layers", "to_layout", "unstack_layers",
 ]

@@ -45,7 +45,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_reason.models.config import ModelConfig
-from jaxrl_reason.models.params import abstract_params, param_shardings
+from jaxrl_reason.models.params import (abstract_params, is_stacked, param_shardings,
+                                        stack_layers, unstack_layers)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -517,7 +518,8 @@ def _text_prefix(names: Iterable[str], where: str) -> str:
 
 
 def load_hf_checkpoint(path: str, mesh: Mesh, rules: Iterable[tuple[str, Any]], *,
-                       dtype: str = "float32", compute_dtype: str | None = None):
+                       dtype: str = "float32", compute_dtype: str | None = None,
+                       scan_layers: bool = False):
     """Loads a Hugging Face model directory onto `mesh`, streaming tensor by tensor.
 
     Args:
@@ -526,6 +528,8 @@ def load_hf_checkpoint(path: str, mesh: Mesh, rules: Iterable[tuple[str, Any]], 
       mesh, rules: each param is placed in its `param_shardings(cfg, mesh, rules)` sharding.
       dtype: storage dtype of the params ("float32", "bfloat16" or "float16").
       compute_dtype: the config's `dtype` (activations and matmuls); default `dtype`.
+      scan_layers: return the scanned layout (`ModelConfig.scan_layers`): the layers are
+        placed one tensor at a time as usual, then stacked leaf by leaf on the devices.
     Returns: (ModelConfig, params) with params a nested dict of `dtype` jax.Arrays.
     Raises: FileNotFoundError for missing files; ValueError naming the tensor and file for a
       missing, unexpected or misshaped tensor, and the config field for unsupported models.
@@ -570,7 +574,12 @@ def load_hf_checkpoint(path: str, mesh: Mesh, rules: Iterable[tuple[str, Any]], 
                 placed[entry.path] = jax.make_array_from_callback(
                     value.shape, shardings[entry.path], lambda index, v=value: v[index])
                 del value
-    return cfg, _unflat(placed)
+    params = _unflat(placed)
+    del placed
+    if scan_layers:
+        cfg = cfg.replace(scan_layers=True)
+        params = stack_layers(cfg, params, consume=True)
+    return cfg, params
 
 
 # ----------------------------------------------------------------------------- writing
@@ -604,6 +613,9 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Any, out_dir: str, *,
     Raises ValueError when no supported HF family represents `cfg`.
     """
     st = _safetensors()
+    if is_stacked(params):
+        params = unstack_layers(cfg, params)
+    cfg = cfg.replace(scan_layers=False)
     entries = tensor_map(cfg)
     flat = _flat(params)
     expected = {e.path for e in entries}

@@ -62,17 +62,121 @@ def count_params(params: Any) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> tuple:
-    """Zeroed KV cache: n_layers dicts of k, v [batch, length, n_kv_heads, head_dim]."""
+def is_stacked(params: Any) -> bool:
+    """True when `params` has the scanned layout (params["layers"]), False for layer_i."""
+    return isinstance(params, dict) and "layers" in params
+
+
+def stack_layers(cfg: ModelConfig, params: dict, *, consume: bool = False) -> dict:
+    """layer_i layout -> scanned layout: params["layers"] leaves are [n_layers, ...].
+
+    Each stacked leaf keeps its layers' sharding with a leading replicated axis. With
+    consume=True the layer_i entries are popped from `params` and each leaf's per-layer
+    arrays are dropped as soon as their stack exists, so device memory peaks at the params
+    plus one leaf's stack (import of a model that fills the devices); otherwise `params` is
+    left as it was. Other entries (embedding, norms, head) are kept as they are.
+    """
+    names = [f"layer_{i}" for i in range(cfg.n_layers)]
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise ValueError(f"params have no {missing[0]} (expected layer_0..layer_"
+                         f"{cfg.n_layers - 1})")
+    layers = [params.pop(n) if consume else params[n] for n in names]
+    leaves, treedef = zip(*(jax.tree.flatten(layer) for layer in layers))
+    if len(set(treedef)) != 1:
+        raise ValueError("layer_i entries of the params differ in structure")
+    leaves = [list(x) for x in leaves]
+    del layers  # with consume, `leaves` now hold the only references to the arrays
+    stacked = []
+    for j in range(len(leaves[0])):
+        column = [layer_leaves[j] for layer_leaves in leaves]
+        for layer_leaves in leaves:
+            layer_leaves[j] = None
+        stacked.append(_stack_leaf(*column))
+        del column
+    out = {k: v for k, v in params.items() if not k.startswith("layer_")}
+    out["layers"] = jax.tree.unflatten(treedef[0], stacked)
+    return out
+
+
+def _stack_leaf(*xs):
+    sharding = getattr(xs[0], "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = jax.sharding.PartitionSpec(None, *sharding.spec)
+        target = jax.sharding.NamedSharding(sharding.mesh, spec)
+        return jax.jit(lambda *a: jnp.stack(a), out_shardings=target)(*xs)
+    return jnp.stack(xs)
+
+
+def unstack_layers(cfg: ModelConfig, params: dict) -> dict:
+    """Scanned layout -> layer_i layout (the inverse of `stack_layers`, bit-exact)."""
+    out = {k: v for k, v in params.items() if k != "layers"}
+    for i in range(cfg.n_layers):
+        out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: _unstack_leaf(x, i), params["layers"])
+    return out
+
+
+def _unstack_leaf(x, i):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:])
+        target = jax.sharding.NamedSharding(sharding.mesh, spec)
+        return jax.jit(lambda a: a[i], out_shardings=target)(x)
+    return x[i]
+
+
+def to_layout(cfg: ModelConfig, params: dict) -> dict:
+    """`params` in the layout `cfg.scan_layers` asks for (converted when it is the other)."""
+    if cfg.scan_layers and not is_stacked(params):
+        return stack_layers(cfg, params)
+    if not cfg.scan_layers and is_stacked(params):
+        return unstack_layers(cfg, params)
+    return params
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Any:
+    """Zeroed KV cache: n_layers dicts of k, v [batch, length, n_kv_heads, head_dim], or with
+    `cfg.scan_layers` one dict of k, v [n_layers, batch, length, n_kv_heads, head_dim]."""
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
     shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    if cfg.scan_layers:
+        shape = (cfg.n_layers,) + shape
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
     return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                  for _ in range(cfg.n_layers))
 
 
 def cache_shardings(cfg: ModelConfig, mesh: Mesh, rules: Iterable[tuple[str, Any]],
-                    batch: int, length: int) -> tuple:
+                    batch: int, length: int) -> Any:
     """Shardings matching `init_cache(cfg, batch, length)`."""
     shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    if cfg.scan_layers:
+        s = shd.named_sharding(mesh, ("layers",) + CACHE_LOGICAL, tuple(rules),
+                               (cfg.n_layers,) + shape)
+        return {"k": s, "v": s}
     s = shd.named_sharding(mesh, CACHE_LOGICAL, tuple(rules), shape)
     return tuple({"k": s, "v": s} for _ in range(cfg.n_layers))
+
+
+def _batch_axis(x: jax.Array) -> int:
+    return x.ndim - len(CACHE_LOGICAL)  # 0 per layer, 1 when stacked
+
+
+def repeat_cache(cache: Any, repeats: int) -> Any:
+    """Each batch row of the cache `repeats` times in a row (either layout)."""
+    return jax.tree.map(lambda x: jnp.repeat(x, repeats, axis=_batch_axis(x)), cache)
+
+
+def pad_cache(cache: Any, extra: int) -> Any:
+    """The cache with `extra` zero slots appended to its length axis (either layout)."""
+    def pad(x):
+        widths = [(0, 0)] * x.ndim
+        widths[_batch_axis(x) + 1] = (0, extra)
+        return jnp.pad(x, widths)
+    return jax.tree.map(pad, cache)
+
+
+def cache_length(cache: Any) -> int:
+    """S, the number of slots of the cache (either layout)."""
+    x = jax.tree.leaves(cache)[0]
+    return x.shape[_batch_axis(x) + 1]

@@ -14,7 +14,8 @@ Conventions for all entry points:
                              first real token)
   key_valid   bool  [B, S]   which key slots hold real tokens (S = T without a cache, the
                              cache length with one)
-  cache       tuple of n_layers dicts {"k", "v"}: [B, S, n_kv_heads, head_dim]
+  cache       tuple of n_layers dicts {"k", "v"}: [B, S, n_kv_heads, head_dim]; with
+              `cfg.scan_layers` one dict of stacked [n_layers, B, S, n_kv_heads, head_dim]
   cache_index int32 []       slot of tokens[:, 0] in the cache (0 without a cache)
 Query t attends to key slot s iff s <= cache_index + t and key_valid[b, s] (and, in a
 sliding-window layer, cache_index + t - s < sliding_window).
@@ -83,6 +84,25 @@ def layer_rope_frequencies(cfg: ModelConfig, sliding: bool) -> jax.Array | None:
     return rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                             cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
                             cfg.rope_high_freq_factor, cfg.rope_original_max_position)
+
+
+def layer_attention_setup(cfg: ModelConfig, sliding) -> tuple[jax.Array | None, Any]:
+    """(RoPE inverse frequencies, sliding window) of a layer for `rope` and `attention_mask`.
+
+    sliding: a python bool (unrolled layers: a static choice), or a traced bool [] (the
+    scanned stack, where one program serves every layer): then the frequencies are selected
+    with `jnp.where` and the window is `where(sliding, cfg.sliding_window, huge)`, so a global
+    layer's mask is the plain causal one.
+    """
+    if isinstance(sliding, bool):
+        return (layer_rope_frequencies(cfg, sliding),
+                cfg.sliding_window if sliding else None)
+    def freqs(flag):
+        inv = layer_rope_frequencies(cfg, flag)
+        return rope_frequencies(cfg.head_dim, cfg.rope_theta) if inv is None else inv
+    inv_freq = jnp.where(sliding, freqs(True), freqs(False))
+    window = jnp.where(sliding, jnp.int32(cfg.sliding_window), jnp.int32(2 ** 30))
+    return inv_freq, window
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float,
@@ -224,13 +244,16 @@ class Attention(nn.Module):
     """Grouped-query self-attention with RoPE and an optional KV cache.
 
     sliding: this layer attends within `cfg.sliding_window` slots (and uses the local RoPE).
+    `__call__`'s `layer_sliding`, when given, overrides it with a traced bool [] (the scanned
+    stack's per-layer flag; see `layer_attention_setup`).
     """
     cfg: ModelConfig
     sliding: bool = False
 
     @nn.compact
-    def __call__(self, x, positions, key_valid, cache, cache_index):
+    def __call__(self, x, positions, key_valid, cache, cache_index, layer_sliding=None):
         cfg = self.cfg
+        sliding = self.sliding if layer_sliding is None else layer_sliding
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         batch, length = x.shape[:2]
         groups = cfg.n_heads // cfg.n_kv_heads
@@ -249,7 +272,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = _norm(cfg, "q_norm", ("head_dim",))(q)
             k = _norm(cfg, "k_norm", ("head_dim",))(k)
-        inv_freq = layer_rope_frequencies(cfg, self.sliding)
+        inv_freq, window = layer_attention_setup(cfg, sliding)
         q = rope(q, positions, cfg.rope_theta, inv_freq)
         k = rope(k, positions, cfg.rope_theta, inv_freq)
 
@@ -259,7 +282,6 @@ class Attention(nn.Module):
             k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
             v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
             new_cache = {"k": k, "v": v}
-        window = cfg.sliding_window if self.sliding else None
         mask = attention_mask(key_valid, length, cache_index, window)  # [B, T, S]
 
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
@@ -298,15 +320,21 @@ class Block(nn.Module):
     """Pre-norm decoder block: x + attn(norm(x)); x + mlp(norm(x)).
 
     With `cfg.post_norms` (Gemma 2/3): x + post_norm(attn(norm(x))); same for the MLP.
+    The call has `nn.scan`'s shape, (carry, per-layer inputs, broadcast inputs...) ->
+    (carry, per-layer outputs): x is the carry and `layer_in` = (cache or None, sliding or
+    None) the per-layer part (None: `self.sliding`), so one module serves both the unrolled
+    and the scanned stack.
     """
     cfg: ModelConfig
     sliding: bool = False
 
     @nn.compact
-    def __call__(self, x, positions, key_valid, cache, cache_index):
+    def __call__(self, x, layer_in, positions, key_valid, cache_index):
         cfg = self.cfg
+        cache, layer_sliding = layer_in
         h, new_cache = Attention(cfg, self.sliding, name="attn")(
-            _norm(cfg, "attn_norm")(x), positions, key_valid, cache, cache_index)
+            _norm(cfg, "attn_norm")(x), positions, key_valid, cache, cache_index,
+            layer_sliding)
         if cfg.post_norms:
             h = _norm(cfg, "post_attn_norm")(h)
         x = x + h
@@ -320,13 +348,27 @@ class Block(nn.Module):
 # (training, prefill and decode alike) computes the same values. No argument is static:
 # `cache` is a pytree (None without a cache), and `cache_index` is a traced int32 in the
 # sampler's decode loop (a python 0 elsewhere, traced like any array), so neither could be
-# hashed. prevent_cse stays True (the default) because the blocks run in a python loop, not
-# under a scan that would already keep XLA from merging the recomputation with the forward.
-_BLOCKS = {
-    "none": Block,
-    "block": nn.remat(Block),
-    "save_dots": nn.remat(Block, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims),
-}
+# hashed. In the unrolled stack prevent_cse stays True (the default): the blocks run in a
+# python loop, where XLA could otherwise merge the recomputation with the forward. Under a
+# scan the loop already keeps them apart, and prevent_cse=False lets XLA optimize the body.
+_SAVE_DOTS = jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims
+
+
+def _block_class(remat: str, scanned: bool):
+    if remat == "none":
+        return Block
+    policy = _SAVE_DOTS if remat == "save_dots" else None
+    return nn.remat(Block, policy=policy, prevent_cse=not scanned)
+
+
+def _scanned_stack(cfg: ModelConfig):
+    """The n_layers blocks as ONE `nn.scan` over stacked params [n_layers, ...] (logical axis
+    "layers", never sharded): the program holds one block, so XLA compiles it once and, with
+    FSDP, gathers one layer's weights at a time, in the forward and again in the backward."""
+    return nn.scan(_block_class(cfg.remat, scanned=True),
+                   variable_axes={"params": 0}, split_rngs={"params": True},
+                   in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                   length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
 
 
 class Transformer(nn.Module):
@@ -338,9 +380,13 @@ class Transformer(nn.Module):
         pdtype = jnp.dtype(cfg.param_dtype)
         self.embedding = self.param("embedding", _init(cfg, ("vocab", "embed")),
                                     (cfg.vocab_size, cfg.d_model), pdtype)
-        block = _BLOCKS[cfg.remat]
-        self.layers = [block(cfg, cfg.layer_is_sliding(i), name=f"layer_{i}")
-                       for i in range(cfg.n_layers)]
+        if cfg.scan_layers:
+            flags = {cfg.layer_is_sliding(i) for i in range(cfg.n_layers)}
+            self.layers = _scanned_stack(cfg)(cfg, flags == {True}, name="layers")
+        else:
+            block = _block_class(cfg.remat, scanned=False)
+            self.layers = [block(cfg, cfg.layer_is_sliding(i), name=f"layer_{i}")
+                           for i in range(cfg.n_layers)]
         self.final_norm = RMSNorm(cfg.norm_eps, pdtype, plus_one=cfg.norm_plus_one)
         if not cfg.tie_embeddings:
             self.lm_head = self.param("lm_head", _init(cfg, ("embed", "vocab")),
@@ -353,14 +399,27 @@ class Transformer(nn.Module):
         if cfg.embed_scale:
             x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, key_valid, None if cache is None else cache[i],
-                                   cache_index)
-            new_cache.append(layer_cache)
+        if cfg.scan_layers:
+            x, new_cache = self.layers(x, (cache, self._layer_sliding_flags()), positions,
+                                       key_valid, cache_index)
+        else:
+            new_cache = []
+            for i, layer in enumerate(self.layers):
+                x, layer_cache = layer(x, (None if cache is None else cache[i], None),
+                                       positions, key_valid, cache_index)
+                new_cache.append(layer_cache)
+            new_cache = None if cache is None else tuple(new_cache)
         x = self.final_norm(x)
         out = x if return_hidden else self.logits(x)
-        return out, (None if cache is None else tuple(new_cache))
+        return out, new_cache
+
+    def _layer_sliding_flags(self) -> jax.Array | None:
+        """bool [n_layers] for the scanned stack when its layers differ (Gemma 2/3), else
+        None (every block then uses its static `sliding`, the same for all)."""
+        flags = [self.cfg.layer_is_sliding(i) for i in range(self.cfg.n_layers)]
+        if len(set(flags)) == 1:
+            return None
+        return jnp.asarray(flags)
 
     def unembedding(self) -> jax.Array:
         """The unembedding matrix [D, V] (transposed embedding when tied)."""

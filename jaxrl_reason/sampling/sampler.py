@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_reason import sharding as shd
-from jaxrl_reason.models.params import cache_shardings, init_cache
+from jaxrl_reason.models.params import cache_shardings, init_cache, repeat_cache
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.filters import select_tokens
 
@@ -145,7 +145,7 @@ class Sampler:
 
         # Share each prompt's cache with its G samples.
         repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
-        cache = self._constrain_cache(jax.tree.map(repeat, cache), rows, total)
+        cache = self._constrain_cache(repeat_cache(cache, num_samples), rows, total)
         key_valid = repeat(key_valid)
         next_position = repeat(jnp.sum(prompt_valid, axis=1).astype(jnp.int32))
         first, first_lp = select_tokens(jax.random.fold_in(rng, 0), repeat(last_logits),

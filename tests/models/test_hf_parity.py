@@ -327,3 +327,46 @@ def test_bad_weight_files(llama_copy, mesh1):
         json.dumps({"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(FileNotFoundError, match="lists model-00001-of-00002.safetensors"):
         hf.load_hf_checkpoint(str(llama_copy), mesh1, RULES)
+
+
+# ----------------------------------------------------------------------------- scanned layers
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def loaded_scanned(request, mesh1):
+    family = request.param
+    path = os.path.join(FIXTURES, family)
+    cfg, params = hf.load_hf_checkpoint(path, mesh1, RULES, scan_layers=True)
+    return family, path, cfg, params, dict(np.load(os.path.join(path, "reference.npz")))
+
+
+def test_scanned_layers_match_transformers(loaded_scanned, mesh1, tmp_path):
+    """scan_layers=True: the stacked import gives transformers' logits and greedy tokens
+    (Gemma's alternating sliding windows as traced per-layer flags), and exports the original
+    tensors bit for bit."""
+    family, path, cfg, params, ref = loaded_scanned
+    assert cfg.scan_layers and set(params) >= {"layers"}
+    assert not any(k.startswith("layer_") for k in params)
+    q = params["layers"]["attn"]["q_proj"]["kernel"]
+    assert q.shape[0] == cfg.n_layers
+    tokens = jnp.asarray(ref["input_ids"])
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logits, _ = jax.jit(Transformer(cfg).apply)({"params": params}, tokens, positions,
+                                                jnp.ones(tokens.shape, bool))
+    diff = float(np.abs(np.asarray(logits) - ref["logits"]).max())
+    assert diff < LOGIT_TOL, f"{family}: max |logit diff| {diff:.3g}"
+
+    prompts = [list(row) for row in ref["input_ids"]]
+    padded, valid = left_pad(prompts, len(prompts[0]) + 4, pad_id=0)
+    sampler = Sampler(Transformer(cfg), eos_id=-1, pad_id=0, mesh=mesh1, rules=RULES)
+    out = sampler(params, padded, valid, jax.random.key(0),
+                  max_new_tokens=ref["greedy"].shape[1], temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref["greedy"], err_msg=family)
+
+    hf.export_hf_checkpoint(cfg, params, str(tmp_path))
+    original = load_file(os.path.join(path, "model.safetensors"))
+    exported = load_file(os.path.join(str(tmp_path), "model.safetensors"))
+    assert sorted(exported) == sorted(original)
+    for name, value in original.items():
+        np.testing.assert_array_equal(exported[name], value, err_msg=name)
+    assert "scan_layers" not in json.load(open(os.path.join(str(tmp_path), "config.json")))
