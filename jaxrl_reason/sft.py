@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_reason import distributed
+from jaxrl_reason import sharding as shd
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
@@ -93,8 +94,9 @@ def sft_loss(model, params, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     return loss, {"loss": loss, "tokens": tokens}
 
 
-def make_sft_step(model, optimizer):
-    """The jitted, state-donating SFT update: (state, batch) -> (state, metrics)."""
+def make_sft_step(model, optimizer, mesh=None, rules=()):
+    """The jitted, state-donating SFT update: (state, batch) -> (state, metrics).
+    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`)."""
 
     def step(state: TrainState, batch):
         grad_fn = jax.value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
@@ -103,7 +105,7 @@ def make_sft_step(model, optimizer):
         state, ok = apply_if_finite(state, new_state, loss, grad_norm)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
-    return jax.jit(step, donate_argnums=0)
+    return jax.jit(shd.with_activation_sharding(step, mesh, rules), donate_argnums=0)
 
 
 def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
@@ -137,7 +139,7 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
         return state.params
 
     writer.truncate("sft", after_step=start)  # a resumed run rewrites the steps it redoes
-    step_fn = make_sft_step(rt.model, optimizer)
+    step_fn = make_sft_step(rt.model, optimizer, rt.mesh, rt.rules)
     guard = SkipGuard("sft", rt.config.guards.max_consecutive_skips)
     with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
         bar.update(start)

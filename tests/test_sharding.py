@@ -190,3 +190,39 @@ def test_optimizer_state_is_sharded_like_the_params_and_stays_so():
         state = update(state)
     sharded = [p for p in jax.tree.leaves(state.params) if not p.sharding.is_fully_replicated]
     assert sharded  # the test would be vacuous if nothing were sharded
+
+
+def _fsdp_residual_sharding(scan: bool, context: bool):
+    """Sharding of the residual stream inside a jitted forward+backward of a 2-layer model
+    whose weights are FSDP-sharded over 8 devices (the block output, read back through
+    return_hidden)."""
+    import jax.numpy as jnp
+
+    mesh = shd.make_mesh({"fsdp": 8})
+    cfg = models.get_preset("test", d_model=64, scan_layers=scan)
+    params = models.init_params(cfg, jax.random.key(0), mesh, shd.DEFAULT_RULES)
+    tokens = shd.put_batch(mesh, shd.DEFAULT_RULES, np.zeros((8, 16), np.int32))
+    valid = shd.put_batch(mesh, shd.DEFAULT_RULES, np.ones((8, 16), bool))
+    model = models.Transformer(cfg)
+
+    def fn(p, t, v):
+        hidden, _ = model.apply({"params": p}, t, t, v, return_hidden=True)
+        return hidden
+
+    wrapped = shd.with_activation_sharding(fn, mesh, shd.DEFAULT_RULES) if context else fn
+    return jax.jit(wrapped)(params, tokens, valid).sharding
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_activations_are_batch_sharded_under_activation_sharding(scan):
+    """Inside `with_activation_sharding` the residual stream is split over the batch (the
+    FSDP layout: weights sharded, activations batch-sharded), in the unrolled and the scanned
+    stack; `constrain` is a no-op outside the context."""
+    sharding = _fsdp_residual_sharding(scan, context=True)
+    assert sharding.spec == P("fsdp"), sharding.spec
+    x = np.ones((8, 4), np.float32)
+    assert shd.constrain(x, ("batch", None)) is x
+    mesh = shd.make_mesh({"fsdp": 8})
+    with shd.activation_sharding(mesh, shd.DEFAULT_RULES):
+        y = jax.jit(lambda a: shd.constrain(a, ("batch", None)))(x)
+    assert y.sharding.spec == P("fsdp")

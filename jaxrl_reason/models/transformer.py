@@ -32,9 +32,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.sharding import constrain
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
 CACHE_LOGICAL = ("batch", "cache_length", "kv_heads", "head_dim")
+ACTIVATION_LOGICAL = ("batch", "length", "embed")  # the residual stream [B, T, D]
 _MASK_VALUE = -1e30
 
 
@@ -309,8 +311,9 @@ class MLP(nn.Module):
         dense = lambda feats, logical, name: nn.Dense(  # noqa: E731
             feats, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
             kernel_init=_init(cfg, logical))
-        gate = dense(cfg.mlp_hidden, ("embed", "mlp"), "gate_proj")(x)
-        up = dense(cfg.mlp_hidden, ("embed", "mlp"), "up_proj")(x)
+        hidden = ("batch", "length", "mlp")
+        gate = constrain(dense(cfg.mlp_hidden, ("embed", "mlp"), "gate_proj")(x), hidden)
+        up = constrain(dense(cfg.mlp_hidden, ("embed", "mlp"), "up_proj")(x), hidden)
         act = jax.nn.silu if cfg.activation == "silu" else (
             lambda z: jax.nn.gelu(z, approximate=True))
         return dense(cfg.d_model, ("mlp", "embed"), "down_proj")(act(gate) * up)
@@ -337,11 +340,11 @@ class Block(nn.Module):
             layer_sliding)
         if cfg.post_norms:
             h = _norm(cfg, "post_attn_norm")(h)
-        x = x + h
+        x = constrain(x + h, ACTIVATION_LOGICAL)
         h = MLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x))
         if cfg.post_norms:
             h = _norm(cfg, "post_mlp_norm")(h)
-        return x + h, new_cache
+        return constrain(x + h, ACTIVATION_LOGICAL), new_cache
 
 
 # Block per `ModelConfig.remat`. Remat only changes what the backward pass keeps: the forward
@@ -398,7 +401,7 @@ class Transformer(nn.Module):
         x = jnp.take(self.embedding, tokens, axis=0).astype(jnp.dtype(cfg.dtype))
         if cfg.embed_scale:
             x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        x = constrain(x, ACTIVATION_LOGICAL)
         if cfg.scan_layers:
             x, new_cache = self.layers(x, (cache, self._layer_sliding_flags()), positions,
                                        key_valid, cache_index)

@@ -108,7 +108,7 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
                  for x in rows]
         return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
 
-    return jax.jit(fn)
+    return jax.jit(shd.with_activation_sharding(fn, mesh, rules))
 
 
 def select_train_rows(advantages: np.ndarray, num_buckets: int, multiple: int):
@@ -275,7 +275,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
         return state, {**metrics, "loss": loss, "grad_norm": grad_norm,
                        "update_skipped": 1.0 - ok}
 
-    return jax.jit(update, donate_argnums=0)
+    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0)
 
 
 class RLTrainer:
@@ -335,10 +335,11 @@ class RLTrainer:
         value_params = init_value_params(rt.model_cfg, jax.random.key(rt.config.seed + 2),
                                          rt.mesh, rt.rules, from_params=source)
         self.value_state = create_train_state(value_params, self.value_optimizer)
-        self.value_fn = make_value_fn(rt.model)
+        self.value_fn = make_value_fn(rt.model, rt.mesh, rt.rules)
         self.value_update_fn = make_value_update_fn(
             rt.model, self.value_optimizer, clip_range=v.clip_range or None,
-            loss_type="bnpo", max_completion_length=self.rl.max_new_tokens)
+            loss_type="bnpo", max_completion_length=self.rl.max_new_tokens,
+            mesh=rt.mesh, rules=rt.rules)
 
     # ------------------------------------------------------------------ checkpoints
 

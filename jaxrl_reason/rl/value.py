@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from jaxrl_reason import sharding as shd
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.scoring import sequence_inputs
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
@@ -332,25 +333,28 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
 # ----------------------------------------------------------------------------- jitted steps
 
 
-def make_value_fn(model):
+def make_value_fn(model, mesh=None, rules=()):
     """Jitted (value_params, prompt_tokens, prompt_valid, completion_tokens, mask) -> values
-    f32 [B, L] (`completion_values`; the rollout's `scoring_args()` after the params)."""
+    f32 [B, L] (`completion_values`; the rollout's `scoring_args()` after the params).
+    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`)."""
 
     def fn(value_params, prompt_tokens, prompt_valid, completion_tokens, mask):
         return completion_values(model, value_params, prompt_tokens, prompt_valid,
                                  completion_tokens, mask)
 
-    return jax.jit(fn)
+    return jax.jit(shd.with_activation_sharding(fn, mesh, rules))
 
 
 def make_value_update_fn(model, optimizer, *, clip_range: float | None,
-                         loss_type: str = "bnpo", max_completion_length: int | None = None):
+                         loss_type: str = "bnpo", max_completion_length: int | None = None,
+                         mesh=None, rules=()):
     """Jitted, state-donating critic update: (value_state, batch) -> (value_state, metrics).
 
     Args:
       model: the policy's `Transformer` (see `completion_values`).
       optimizer: optax transformation (e.g. `train_state.make_optimizer`).
       clip_range, loss_type, max_completion_length: as in `value_loss`.
+      mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
     `batch` is a dict with prompt_tokens, prompt_valid, completion_tokens, mask (the
     Rollout's fields), "old_values" and "returns" f32 [B, L], and optionally "num_tokens" /
     "num_sequences" (global normalizers); other keys are ignored, so the policy's batch dict
@@ -371,4 +375,4 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
         state, grad_norm = apply_gradients(state, grads, optimizer)
         return state, {**metrics, "value_grad_norm": grad_norm}
 
-    return jax.jit(update, donate_argnums=0)
+    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0)

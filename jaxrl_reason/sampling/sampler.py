@@ -98,8 +98,8 @@ class Sampler:
         self.model, self.eos_id, self.pad_id = model, int(eos_id), int(pad_id)
         self.mesh, self.rules = mesh, tuple(rules)
         self.cache_dtype = cache_dtype
-        self._generate = jax.jit(self._generate_impl, static_argnames=("num_samples",
-                                                                       "max_new_tokens"))
+        self._generate = jax.jit(shd.with_activation_sharding(self._generate_impl, mesh, rules),
+                                 static_argnames=("num_samples", "max_new_tokens"))
 
     def __call__(self, params, prompt_tokens, prompt_valid, rng, *, num_samples: int = 1,
                  max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
