@@ -2,7 +2,7 @@
 
     pip install -e '.[tpu]'
     python benchmarks/tpu_plan.py                 # all models x slices -> tpu_plan.{json,md}
-    python benchmarks/tpu_plan.py --full qwen2.5-7b v5e-8   # one full-depth compile
+    python benchmarks/tpu_plan.py --unrolled qwen2.5-7b v5e-8   # + the unrolled stack
 
 Workload (issue 7): GRPO, G = 8 samples of 8 prompts (64 rows), 1,024-token prompts and
 4,096-token completions, beta = 0.04 (a reference model is resident), bf16 compute.
@@ -11,14 +11,16 @@ nothing is downloaded). For each model and slice the settings are tried in order
 first that fits is reported:
 
   A. float32 master weights and Adam state, FSDP over all chips, one row per chip per
-     micro-batch, remat per block, 512-query attention chunks, chunked log-probs;
+     micro-batch, scanned layers, remat per block, 512-query attention chunks, chunked
+     log-probs;
   B. as A with bfloat16 weights and Adam state (half the memory, no f32 masters).
 
-Compiling 26-32 unrolled layers for TPU takes minutes per program on a CPU, so each setting
-is compiled at 2 and 4 layers and every per-device figure (arguments, temporaries, FLOPs,
-bytes) is extrapolated linearly in the layer count (each is a per-layer term plus a
-constant: embeddings, logits, optimizer of the non-layer weights). `--full MODEL SLICE`
-compiles the real depth to check the extrapolation; the report lists both.
+Every program is compiled at the model's real depth: with `scan_layers` the program holds
+one block, so a compile takes about as long at 28 layers as at 2. `--unrolled MODEL SLICE`
+adds the unrolled stack (`scan_layers=False`) for comparison; compiling 28 unrolled layers
+takes many minutes per program on a CPU, so it is compiled at 2 and 4 layers and every
+per-device figure is extrapolated linearly in the layer count (a per-layer term plus a
+constant).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 
 
-def _config(model: str, topology: str, setting: str, layers: int | None):
+def _config(model: str, topology: str, setting: str, layers: int | None, scan: bool = True):
     import ml_collections
 
     from jaxrl_reason.cli import parse
@@ -56,7 +58,7 @@ def _config(model: str, topology: str, setting: str, layers: int | None):
     c = fv.config
     c.unlock()
     overrides = dict(dtype="bfloat16", remat="block", attention_chunk=512,
-                     logprobs_impl="chunked", **SETTINGS[setting])
+                     logprobs_impl="chunked", scan_layers=scan, **SETTINGS[setting])
     if layers is not None:
         overrides["n_layers"] = layers
     cfg = get_preset(model, **overrides)
@@ -71,25 +73,26 @@ def _config(model: str, topology: str, setting: str, layers: int | None):
     return c, cfg
 
 
-def run_one(model: str, slice_name: str, setting: str, layers: int | None) -> dict:
+def run_one(model: str, slice_name: str, setting: str, layers: int | None,
+            scan: bool = True) -> dict:
     """Compiles one setting (in this process) and returns its per-device figures."""
     from jaxrl_reason import plan as planner
 
     topology = SLICES[slice_name]
-    config, cfg = _config(model, topology, setting, layers)
+    config, cfg = _config(model, topology, setting, layers, scan)
     t0 = time.time()
     report = planner.plan(config, topology)
     progs = {p.name: {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
              for p in report["programs"]}
-    return {"model": model, "slice": slice_name, "setting": setting,
+    return {"model": model, "slice": slice_name, "setting": setting, "scan": scan,
             "layers": cfg.n_layers, "params": report["params"], "programs": progs,
             "compile_s": time.time() - t0, "chip": dataclasses.asdict(report["chip"]),
             "devices": report["devices"]}
 
 
-def _subprocess(model, slice_name, setting, layers) -> dict:
+def _subprocess(model, slice_name, setting, layers, scan) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", model, slice_name, setting,
-           str(layers if layers is not None else 0)]
+           str(layers if layers is not None else 0), "scan" if scan else "unrolled"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in out.stdout.splitlines():
@@ -103,6 +106,7 @@ def extrapolate(a: dict, b: dict, layers: int, params: int) -> dict:
     la, lb = a["layers"], b["layers"]
     out = {"layers": layers, "params": params, "extrapolated_from": [la, lb],
            "model": a["model"], "slice": a["slice"], "setting": a["setting"],
+           "scan": a["scan"], "compile_s": a["compile_s"] + b["compile_s"],
            "chip": a["chip"], "devices": a["devices"], "programs": {}}
     for name, pa in a["programs"].items():
         pb, prog = b["programs"][name], dict(pa)
@@ -133,7 +137,7 @@ def _fmt_setting(s: str) -> str:
     return {"A": "f32 masters + Adam", "B": "bf16 weights + Adam"}[s]
 
 
-def markdown(results: list[dict], full: list[dict]) -> str:
+def markdown(results: list[dict], unrolled: list[dict]) -> str:
     lines = [
         "# GRPO on real TPU slices, sized from a CPU",
         "",
@@ -141,9 +145,10 @@ def markdown(results: list[dict], full: list[dict]) -> str:
         "topology; XLA's memory and cost analysis; roofline from the chips' published peaks in "
         "`jaxrl_reason/plan.py`). Workload: GRPO, 8 prompts x G = 8 (64 rows), 1,024-token "
         "prompts, 4,096-token completions, beta = 0.04 (reference resident), bf16 compute, "
-        "FSDP over all chips, remat per block, 512-query attention chunks, chunked log-probs, "
-        "the Pallas loss kernel, one row per chip per micro-batch. v5p-8 is 4 chips "
-        "(8 TensorCores); v5e-8 and v6e-8 are 8 chips.",
+        "FSDP over all chips, scanned layers, remat per block, 512-query attention chunks, "
+        "chunked log-probs, the Pallas loss kernel, one row per chip per micro-batch, every "
+        "program compiled at the model's full depth. v5p-8 is 4 chips (8 TensorCores); "
+        "v5e-8 and v6e-8 are 8 chips.",
         "",
         "Memory is per chip and includes what stays resident while a program runs (optimizer "
         "state during sampling, the reference params). Step time = sampler + log-prob pass "
@@ -152,8 +157,8 @@ def markdown(results: list[dict], full: list[dict]) -> str:
         "that time at peak.",
         "",
         "| model | slice | setting | fits | peak GiB / HBM | sampler s | log-prob s | "
-        "update s | update MFU | step s (roofline) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "update s | update MFU | step s (roofline) | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         f = figures(r)
@@ -165,19 +170,22 @@ def markdown(results: list[dict], full: list[dict]) -> str:
             f"| {r['model']} | {r['slice']} | {_fmt_setting(r['setting'])} | "
             f"{'yes' if fits else 'NO'} | {peak:.1f} / {hbm:.0f} | "
             f"{f['sampler']['roofline_s']:.1f} | {f['log-prob pass']['roofline_s']:.2f} | "
-            f"{f['update']['roofline_s']:.1f} | {100 * f['update']['mfu']:.0f}% | {step:.1f} |")
-    if full:
-        lines += ["", "Full-depth compiles (no extrapolation), to check the table:", "",
-                  "| model | slice | setting | program | GiB per chip (full) | GiB (extrapolated) "
-                  "| compile s |", "|---|---|---|---|---|---|---|"]
+            f"{f['update']['roofline_s']:.1f} | {100 * f['update']['mfu']:.0f}% | {step:.1f} | "
+            f"{r['compile_s']:.0f} |")
+    if unrolled:
+        lines += ["", "Scanned vs unrolled layers (`model.scan_layers`), GiB per chip; the "
+                  "unrolled figures are extrapolated from 2- and 4-layer compiles:", "",
+                  "| model | slice | setting | program | scanned | unrolled | compile s "
+                  "(scanned / unrolled 2+4 layers) |", "|---|---|---|---|---|---|---|"]
         by_key = {(r["model"], r["slice"], r["setting"]): r for r in results}
-        for r in full:
-            ext = by_key.get((r["model"], r["slice"], r["setting"]))
-            for name, v in figures(r).items():
-                e = figures(ext)[name]["total_gib"] if ext else float("nan")
-                lines.append(f"| {r['model']} | {r['slice']} | {_fmt_setting(r['setting'])} | "
-                             f"{name} | {v['total_gib']:.2f} | {e:.2f} | "
-                             f"{r['compile_s']:.0f} |")
+        for u in unrolled:
+            r = by_key[(u["model"], u["slice"], u["setting"])]
+            scanned = figures(r)
+            for name, v in figures(u).items():
+                lines.append(f"| {u['model']} | {u['slice']} | {_fmt_setting(u['setting'])} | "
+                             f"{name} | {scanned[name]['total_gib']:.2f} | "
+                             f"{v['total_gib']:.2f} | {r['compile_s']:.0f} / "
+                             f"{u['compile_s']:.0f} |")
     lines += ["", "Notes:", "",
               "- The sampler's figures are analytic (XLA counts the decode loop body once): "
               "weights read once per decoded token, so decode is bandwidth-bound; its MFU is "
@@ -192,17 +200,17 @@ def markdown(results: list[dict], full: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--one", nargs=4, metavar=("MODEL", "SLICE", "SETTING", "LAYERS"),
+    ap.add_argument("--one", nargs=5, metavar=("MODEL", "SLICE", "SETTING", "LAYERS", "STACK"),
                     help=argparse.SUPPRESS)
-    ap.add_argument("--full", nargs=2, metavar=("MODEL", "SLICE"), action="append",
-                    default=[], help="also compile these at full depth (setting chosen)")
+    ap.add_argument("--unrolled", nargs=2, metavar=("MODEL", "SLICE"), action="append",
+                    default=[], help="also size the unrolled stack (setting chosen)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--slices", nargs="+", default=list(SLICES))
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "tpu_plan"))
     args = ap.parse_args()
     if args.one:
-        model, slice_name, setting, layers = args.one
-        result = run_one(model, slice_name, setting, int(layers) or None)
+        model, slice_name, setting, layers, stack = args.one
+        result = run_one(model, slice_name, setting, int(layers) or None, stack == "scan")
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -210,14 +218,14 @@ def main() -> None:
     path = args.out + ".json"
     store = json.load(open(path)) if os.path.isfile(path) else {"compiles": []}
 
-    def compiled(model, slice_name, setting, layers):
+    def compiled(model, slice_name, setting, layers, scan=True):
         for c in store["compiles"]:
-            if (c["model"], c["slice"], c["setting"], c["layers"]) == (model, slice_name,
-                                                                       setting, layers):
+            if (c["model"], c["slice"], c["setting"], c["layers"], c.get("scan")) == (
+                    model, slice_name, setting, layers, scan):
                 return c
-        print(f"compiling {model} on {slice_name}, setting {setting}, {layers} layers",
-              flush=True)
-        c = _subprocess(model, slice_name, setting, layers)
+        print(f"compiling {model} on {slice_name}, setting {setting}, {layers} layers, "
+              f"{'scanned' if scan else 'unrolled'}", flush=True)
+        c = _subprocess(model, slice_name, setting, layers, scan)
         store["compiles"].append(c)
         with open(path, "w") as f:
             json.dump(store, f, indent=1)
@@ -228,19 +236,19 @@ def main() -> None:
         cfg = get_preset(model)
         for slice_name in args.slices:
             for setting in SETTINGS:
-                small, big = (compiled(model, slice_name, setting, n) for n in (2, 4))
-                params = cfg.num_params
-                r = extrapolate(small, big, cfg.n_layers, params)
+                r = compiled(model, slice_name, setting, cfg.n_layers)
                 if all(v["fits"] for v in figures(r).values()) or setting == list(SETTINGS)[-1]:
                     results.append(r)
                     break
-    full = []
-    for model, slice_name in args.full:
+    unrolled = []
+    for model, slice_name in args.unrolled:
         chosen = next(r for r in results if (r["model"], r["slice"]) == (model, slice_name))
-        full.append(compiled(model, slice_name, chosen["setting"],
-                             get_preset(model).n_layers))
+        small, big = (compiled(model, slice_name, chosen["setting"], n, scan=False)
+                      for n in (2, 4))
+        unrolled.append(extrapolate(small, big, get_preset(model).n_layers,
+                                    get_preset(model).num_params))
     with open(args.out + ".md", "w") as f:
-        f.write(markdown(results, full))
+        f.write(markdown(results, unrolled))
     print(open(args.out + ".md").read())
 
 
