@@ -149,6 +149,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.max_new_tokens = 32 if smoke else 128  # budget (covers the level above training)
     c.eval.batch_prompts = 16 if smoke else 50  # prompts per sampler call
     c.eval.data_seed = 1234                 # seed of the held-out problem sets
+    # Test-time compute: maj@k / best_of@k for k < n average over this many random k-subsets
+    # of the n samples; best_of@k keeps the samples this reward (no reference answer) scores
+    # highest, then votes; equivalent answers ("0.5", "1/2") vote together; plot draws the
+    # accuracy-vs-samples curves next to eval.json (matplotlib).
+    c.eval.vote_subsets = 64
+    c.eval.best_of_verifier = "format_strict"
+    c.eval.answer_equivalence = True
+    c.eval.plot = False
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 2 if smoke else 25  # save period (steps) in each phase

@@ -234,7 +234,7 @@ def sample(fv) -> int:
     rules = shd.DEFAULT_RULES
     params, model_cfg, tokenizer = _sample_source(fv, mesh, rules)
     model = Transformer(model_cfg)
-    sampler = Sampler(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
+    sampler = Sampler(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
                       rules=rules)
     if fv.chat:
         from jaxrl_reason.tokenizers import apply_chat_template

@@ -1,4 +1,5 @@
-"""Evaluation statistics: pass@k (unbiased), maj@k, and mean ± confidence interval over seeds.
+"""Evaluation statistics: pass@k (unbiased), maj@k, verifier-filtered best-of-k, accuracy
+curves over samples per problem, and mean ± confidence interval over seeds.
 
 Pure numpy and the standard library; no device code. The usual flow:
 
@@ -6,14 +7,25 @@ Pure numpy and the standard library; no device code. The usual flow:
     report = {"level 1-3 (held-out)": summarize_seeds(per_seed), ...}
     print(format_table(report, ["pass@1", "pass@8", "maj@8", "mean_length"]))
 
+    curves = [accuracy_curve(correct, answers, scores, num_subsets=64) for each seed]
+    summarize_curves(curves)  # {"k": [1, 2, 4, 8], "maj@k": {"mean": [...], "ci95": [...]}}
+
 Conventions: `P` problems, `n` samples per problem. `correct[p, i]` says whether sample `i` of
-problem `p` was verified correct; `answers[p][i]` is its extracted (already normalized)
-answer string, or None when nothing answer-like was found.
+problem `p` was verified correct; `answers[p][i]` is its extracted answer string, or None when
+nothing answer-like was found; answers vote together when their strings are equal, so map
+equivalent answers to one string first (`canonical_answers`). `scores[p, i]` is a test-time
+verifier's score of the sample (no reference answer needed, e.g. a format check), used by
+best-of-k to filter the samples before the vote.
+
+Estimators over k < n samples: pass@k is the unbiased closed form; maj@k and best-of-k are
+means over `num_subsets` random k-subsets of the n samples (every subset when there are at
+most that many, so exact for small n), or the first k samples when num_subsets = 0.
 """
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -21,6 +33,11 @@ __all__ = [
     "pass_at_k",
     "pass_at_k_batch",
     "maj_at_k",
+    "best_of_k",
+    "canonical_answers",
+    "curve_ks",
+    "accuracy_curve",
+    "summarize_curves",
     "student_t_quantile",
     "mean_ci",
     "summarize_seeds",
@@ -116,36 +133,185 @@ def _majority_index(answers: Sequence[str | None]) -> int | None:
     return first[best]
 
 
-def maj_at_k(answers: Sequence[Sequence[str | None]], correct: np.ndarray, k: int) -> float:
-    """maj@k: accuracy of the majority-voted answer among the first k samples of each problem.
+def _subsets(n: int, k: int, num_subsets: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Index sets of size k out of n: the first k (num_subsets = 0), every subset when there
+    are at most num_subsets of them, else num_subsets random ones (without replacement)."""
+    if num_subsets <= 0 or k == n:
+        return [np.arange(k)]
+    if math.comb(n, k) <= num_subsets:
+        return [np.array(c) for c in itertools.combinations(range(n), k)]
+    return [np.sort(rng.choice(n, size=k, replace=False)) for _ in range(num_subsets)]
 
-    For each problem the non-None answers among samples 0..k-1 are counted; the most frequent
+
+def _check_answers(answers, num_problems: int, n: int, where: str) -> None:
+    if len(answers) != num_problems:
+        raise ValueError(f"{where}: answers has {len(answers)} problems, correct has "
+                         f"{num_problems}")
+    for p, row in enumerate(answers):
+        if len(row) != n:
+            raise ValueError(f"{where}: answers[{p}] has {len(row)} samples, expected {n}")
+
+
+def _check_k(k: object, n: int, where: str) -> int:
+    k = _check_int("k", k)
+    if not 1 <= k <= n:
+        raise ValueError(f"{where}: k must be in [1, n={n}], got k={k}")
+    return k
+
+
+def maj_at_k(answers: Sequence[Sequence[str | None]], correct: np.ndarray, k: int,
+             num_subsets: int = 0, seed: int = 0) -> float:
+    """maj@k: accuracy of the majority-voted answer among k samples of each problem.
+
+    For each problem the non-None answers among the k samples are counted; the most frequent
     one wins (ties go to the answer that appears first; None never wins). The problem scores 1
     when the first sample carrying the voted answer is correct, 0 otherwise (also 0 when all k
-    answers are None). Answers are compared as exact strings, so normalize them beforehand.
+    answers are None). Answers are compared as exact strings, so normalize them beforehand
+    (`canonical_answers`).
 
     Args:
       answers: P sequences of n answers (str or None).
       correct: [P, n] bool, correctness of each sample.
       k: 1 <= k <= n.
+      num_subsets: 0 = the first k samples; m > 0 = the mean over m random k-subsets of the
+        n samples (all of them when C(n, k) <= m: exact).
+      seed: seed of the random subsets.
     Returns:
       float in [0, 1], mean score over the P problems.
     """
     arr = _check_correct(correct, "maj_at_k")
     num_problems, n = arr.shape
-    k = _check_int("k", k)
-    if not 1 <= k <= n:
-        raise ValueError(f"maj_at_k: k must be in [1, n={n}], got k={k}")
-    if len(answers) != num_problems:
-        raise ValueError(f"maj_at_k: answers has {len(answers)} problems, correct has "
-                         f"{num_problems}")
+    k = _check_k(k, n, "maj_at_k")
+    _check_answers(answers, num_problems, n, "maj_at_k")
+    rng = np.random.default_rng(seed)
     scores = []
     for p, row in enumerate(answers):
-        if len(row) != n:
-            raise ValueError(f"maj_at_k: answers[{p}] has {len(row)} samples, expected {n}")
-        idx = _majority_index(list(row[:k]))
-        scores.append(0.0 if idx is None else float(arr[p, idx]))
+        row = list(row)
+        values = []
+        for subset in _subsets(n, k, num_subsets, rng):
+            idx = _majority_index([row[i] for i in subset])
+            values.append(0.0 if idx is None else float(arr[p, subset[idx]]))
+        scores.append(np.mean(values))
     return float(np.mean(scores))
+
+
+def best_of_k(answers: Sequence[Sequence[str | None]], scores: np.ndarray, correct: np.ndarray,
+              k: int, num_subsets: int = 0, seed: int = 0) -> float:
+    """Verifier-filtered best-of-k: of k samples keep those with the highest verifier score,
+    then take the majority answer among them (ties: the first; when none of them has an
+    answer, the first kept sample). The problem scores `correct` of the chosen sample.
+
+    With a test-time verifier (e.g. a format check) this is the accuracy of filtering then
+    voting; with the ground-truth verifier as `scores` it is pass@k (an oracle's upper bound).
+
+    Args:
+      answers: P sequences of n answers (str or None), compared as exact strings.
+      scores: [P, n] float, the verifier's score of each sample (higher is better).
+      correct: [P, n] bool.
+      k, num_subsets, seed: as in `maj_at_k`.
+    Returns:
+      float in [0, 1], mean over the P problems.
+    """
+    arr = _check_correct(correct, "best_of_k")
+    num_problems, n = arr.shape
+    sc = np.asarray(scores, dtype=np.float64)
+    if sc.shape != arr.shape:
+        raise ValueError(f"best_of_k: scores shape {sc.shape} != correct shape {arr.shape}")
+    k = _check_k(k, n, "best_of_k")
+    _check_answers(answers, num_problems, n, "best_of_k")
+    rng = np.random.default_rng(seed)
+    out = []
+    for p, row in enumerate(answers):
+        values = []
+        for subset in _subsets(n, k, num_subsets, rng):
+            best = sc[p, subset].max()
+            kept = [int(i) for i in subset if sc[p, i] == best]
+            idx = _majority_index([row[i] for i in kept])
+            values.append(float(arr[p, kept[0 if idx is None else idx]]))
+        out.append(np.mean(values))
+    return float(np.mean(out))
+
+
+def canonical_answers(answers: Sequence[str | None], key: Callable[[str], str] | None = None,
+                      equivalent: Callable[[str, str], bool] | None = None) -> list[str | None]:
+    """Maps each answer of one problem to its group's representative, so that equivalent
+    answers vote together in `maj_at_k` / `best_of_k`.
+
+    Two answers are in one group when their `key` strings are equal (default: the answer
+    itself), or when `equivalent(representative, answer)` holds (called once per new key and
+    existing group, so sympy-backed checks stay cheap for the few distinct answers of a
+    problem). The representative is the group's first answer. None stays None.
+
+    Example: canonical_answers(["0.5", "1/2", "2", None], equivalent=is_equivalent)
+             == ["0.5", "0.5", "2", None].
+    """
+    key = key or (lambda a: a)
+    rep_of_key: dict[str, str] = {}
+    reps: list[str] = []
+    out: list[str | None] = []
+    for a in answers:
+        if a is None:
+            out.append(None)
+            continue
+        kk = key(a)
+        if kk not in rep_of_key:
+            match = None
+            if equivalent is not None:
+                match = next((r for r in reps if equivalent(r, a)), None)
+            if match is None:
+                reps.append(a)
+                match = a
+            rep_of_key[kk] = match
+        out.append(rep_of_key[kk])
+    return out
+
+
+def curve_ks(n: int) -> list[int]:
+    """Samples per problem on an accuracy curve: 1, 2, 4, ... up to n, and n itself."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return ks + [n]
+
+
+def accuracy_curve(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
+                   scores: np.ndarray | None = None, ks: Sequence[int] | None = None,
+                   num_subsets: int = 64, seed: int = 0) -> dict[str, list]:
+    """Accuracy against samples per problem, for one seed.
+
+    Returns {"k": ks, "pass@k": [...], "maj@k": [...]} and, when `scores` is given,
+    "best_of@k": [...]; one value per k (default `curve_ks(n)`).
+    """
+    arr = _check_correct(correct, "accuracy_curve")
+    n = arr.shape[1]
+    ks = curve_ks(n) if ks is None else sorted({_check_k(k, n, "accuracy_curve") for k in ks})
+    out: dict[str, list] = {"k": list(ks),
+                            "pass@k": [pass_at_k_batch(arr, k) for k in ks],
+                            "maj@k": [maj_at_k(answers, arr, k, num_subsets, seed) for k in ks]}
+    if scores is not None:
+        out["best_of@k"] = [best_of_k(answers, scores, arr, k, num_subsets, seed) for k in ks]
+    return out
+
+
+def summarize_curves(per_seed: Sequence[Mapping[str, list]],
+                     confidence: float = 0.95) -> dict[str, Any]:
+    """Mean and CI half-width over seeds of each curve of `accuracy_curve` outputs.
+
+    Returns {"k": ks, metric: {"mean": [...], "ci95": [...]}} (ci95 NaN for one seed).
+    """
+    if not per_seed:
+        raise ValueError("summarize_curves: per_seed is empty")
+    ks = list(per_seed[0]["k"])
+    if any(list(c["k"]) != ks for c in per_seed):
+        raise ValueError("summarize_curves: the seeds' curves have different k")
+    out: dict[str, Any] = {"k": ks}
+    for name in per_seed[0]:
+        if name == "k":
+            continue
+        pairs = [mean_ci([c[name][j] for c in per_seed], confidence) for j in range(len(ks))]
+        out[name] = {"mean": [m for m, _ in pairs], "ci95": [h for _, h in pairs]}
+    return out
 
 
 # ----------------------------------------------------------------------------- confidence
@@ -288,7 +454,8 @@ def summarize_seeds(per_seed: Sequence[Mapping[str, float]],
 
 
 def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
-                 lengths: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
+                 lengths: np.ndarray, ks: Sequence[int], scores: np.ndarray | None = None,
+                 num_subsets: int = 0, seed: int = 0) -> dict[str, float]:
     """All metrics of one evaluation seed.
 
     Args:
@@ -296,9 +463,12 @@ def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
       answers: P sequences of n extracted answers (str or None).
       lengths: [P, n] int, completion length of each sample in tokens.
       ks: the k values; those > n are skipped (a run with fewer samples reports fewer k).
+      scores: optional [P, n] float test-time verifier scores: adds best_of@k.
+      num_subsets, seed: the maj@k / best_of@k estimator (see `maj_at_k`; 0 = first k).
     Returns:
       {"accuracy": mean correctness (= pass@1), "pass@k" for each k in ks with k <= n,
-       "maj@k" for each k in ks with 1 < k <= n, "mean_length": mean of lengths}.
+       "maj@k" for each k in ks with 1 < k <= n, "best_of@k" likewise when scores are given,
+       "mean_length": mean of lengths}.
     """
     arr = _check_correct(correct, "seed_metrics")
     lens = np.asarray(lengths)
@@ -316,7 +486,11 @@ def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
             out[f"pass@{k}"] = pass_at_k_batch(arr, k)
     for k in ks:
         if 1 < k <= n:
-            out[f"maj@{k}"] = maj_at_k(answers, arr, k)
+            out[f"maj@{k}"] = maj_at_k(answers, arr, k, num_subsets, seed)
+    if scores is not None:
+        for k in ks:
+            if 1 < k <= n:
+                out[f"best_of@{k}"] = best_of_k(answers, scores, arr, k, num_subsets, seed)
     out["mean_length"] = float(lens.mean())
     return out
 
@@ -325,7 +499,7 @@ def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
 
 
 def _is_percent(metric: str) -> bool:
-    return metric.startswith(("pass@", "maj@")) or metric == "accuracy"
+    return metric.startswith(("pass@", "maj@", "best_of@")) or metric == "accuracy"
 
 
 def _is_length(metric: str) -> bool:
@@ -355,9 +529,10 @@ def _cell(summary: Mapping[str, float] | None, metric: str) -> str:
 def format_table(report: Mapping[str, Mapping[str, Mapping]], metrics: Sequence[str]) -> str:
     """A Markdown table of evaluation results, one row per evaluation set.
 
-    Cells read "63.2 ± 2.1": pass@k, maj@k and accuracy in percent, lengths in tokens (both
-    one decimal), other metrics with 4 significant digits. The "± half-width" part is left
-    out when the interval is undefined (one seed); a metric missing from a row shows "-".
+    Cells read "63.2 ± 2.1": pass@k, maj@k, best_of@k and accuracy in percent, lengths in
+    tokens (both one decimal), other metrics with 4 significant digits. The "± half-width"
+    part is left out when the interval is undefined (one seed); a metric missing from a row
+    shows "-".
 
     Args:
       report: {set name: summarize_seeds(...) output}, e.g. {"level 4": {"pass@1": {...}}}.

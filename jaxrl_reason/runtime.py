@@ -206,7 +206,7 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
         model_cfg = model_config(config.model, tokenizer.vocab_size)
     model = Transformer(model_cfg)
     sampler_cls = GatheredSampler if jax.process_count() > 1 else Sampler
-    sampler = sampler_cls(model, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, mesh=mesh,
+    sampler = sampler_cls(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
                           rules=rules)
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)

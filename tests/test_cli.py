@@ -214,6 +214,22 @@ def test_train_from_a_hugging_face_directory(smoke_run, tmp_path, capsys):
                     f"--config.hf_model={tmp_path / 'missing'}"], "missing")
 
 
+def test_every_stop_id_of_a_hugging_face_directory_reaches_the_sampler(smoke_run, tmp_path):
+    """generation_config.json's eos list (real models have several stop tokens) becomes the
+    sampler's stop ids in training and in `sample`."""
+    from jaxrl_reason.runtime import build_runtime
+
+    hf_dir = tmp_path / "hf"
+    assert run_cli("export", "--checkpoint", str(smoke_run(ARITH)), "--out", str(hf_dir)) == 0
+    eos = json.load(open(hf_dir / "config.json")).get("eos_token_id", 2)
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 7]}))
+    _, fv = cli.parse(["jaxrl-reason", "train", "--config", f"{ARITH}:smoke",
+                       f"--config.hf_model={hf_dir}"])
+    rt = build_runtime(fv.config, str(tmp_path / "rt"))
+    assert rt.tokenizer.eos_ids == (eos, 7)
+    assert rt.sampler.eos_ids == (eos, 7)
+
+
 def test_eval_on_a_jsonl_file_writes_a_report(smoke_run, tmp_path, capsys):
     workdir = smoke_run(ARITH)
     data = tmp_path / "probe.jsonl"

@@ -1,4 +1,5 @@
-"""Tests for jaxrl_reason.evaluation: pass@k, maj@k, t quantiles, summaries, table."""
+"""Tests for jaxrl_reason.evaluation: pass@k, maj@k, best-of-k, accuracy curves, t quantiles,
+summaries, table; and eval_runner's curves end to end on a tiny model."""
 import itertools
 import math
 
@@ -6,6 +7,10 @@ import numpy as np
 import pytest
 
 from jaxrl_reason.evaluation import (
+    accuracy_curve,
+    best_of_k,
+    canonical_answers,
+    curve_ks,
     format_table,
     maj_at_k,
     mean_ci,
@@ -13,6 +18,7 @@ from jaxrl_reason.evaluation import (
     pass_at_k_batch,
     seed_metrics,
     student_t_quantile,
+    summarize_curves,
     summarize_seeds,
 )
 
@@ -219,3 +225,141 @@ def test_format_table_rejects_empty():
         format_table({}, ["pass@1"])
     with pytest.raises(ValueError):
         format_table({"a": {}}, [])
+
+
+# ----------------------------------------------------------------------------- test-time compute
+
+
+def test_maj_at_k_over_all_subsets_hand_computed():
+    # Problem 0: answers a a b (a correct). k=2 subsets: {0,1} -> a (1), {0,2} -> tie, a first
+    # (1), {1,2} -> tie, a first (1): 1.0. Problem 1: answers x y y (y correct): {0,1} -> x
+    # (0), {0,2} -> x (0), {1,2} -> y (1): 1/3.
+    answers = [["a", "a", "b"], ["x", "y", "y"]]
+    correct = np.array([[1, 1, 0], [0, 1, 1]], dtype=bool)
+    assert maj_at_k(answers, correct, 2, num_subsets=10) == pytest.approx((1.0 + 1 / 3) / 2)
+    assert maj_at_k(answers, correct, 2) == pytest.approx(0.5)  # first two samples only
+    assert maj_at_k(answers, correct, 3, num_subsets=10) == pytest.approx(1.0)  # k = n: exact
+    # Random subsets (C(n, k) > num_subsets) are seeded and approach the exact mean.
+    rng = np.random.default_rng(0)
+    big = [list(rng.choice(["1", "2", "3"], 12, p=[0.5, 0.3, 0.2])) for _ in range(5)]
+    big_correct = np.array([[a == "1" for a in row] for row in big])
+    exact = maj_at_k(big, big_correct, 5, num_subsets=10 ** 6)  # every one of C(12, 5)
+    sampled = maj_at_k(big, big_correct, 5, num_subsets=400, seed=3)
+    assert sampled == maj_at_k(big, big_correct, 5, num_subsets=400, seed=3)
+    assert abs(sampled - exact) < 0.05
+
+
+def test_best_of_k_hand_computed():
+    answers = [["7", "8", "8", "9"], ["1", "2", None, "2"]]
+    correct = np.array([[1, 0, 0, 0], [0, 1, 0, 1]], dtype=bool)
+    # Verifier scores: problem 0 passes only sample 0 -> "7" (correct) whatever the vote.
+    # Problem 1 passes samples 0 and 2: votes between "1" and None -> "1" (wrong).
+    scores = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0]])
+    assert best_of_k(answers, scores, correct, 4) == pytest.approx(0.5)
+    # maj@4 of the same samples: problem 0 -> "8" (wrong), problem 1 -> "2" (right).
+    assert maj_at_k(answers, correct, 4) == pytest.approx(0.5)
+    # Uniform scores: best-of-k is maj@k; the ground truth as scores: best-of-k is pass@k.
+    flat = np.zeros((2, 4))
+    for k in (1, 2, 3, 4):
+        assert best_of_k(answers, flat, correct, k, num_subsets=100) == pytest.approx(
+            maj_at_k(answers, correct, k, num_subsets=100))
+        assert best_of_k(answers, correct.astype(float), correct, k, num_subsets=100) == \
+            pytest.approx(pass_at_k_batch(correct, k))
+    # First k = 2: problem 0 keeps sample 0 ("7", right); problem 1 keeps sample 0 ("1").
+    assert best_of_k(answers, scores, correct, 2) == pytest.approx(0.5)
+    # Only Nones among the top-scored: the first of them is chosen.
+    assert best_of_k([[None, "5"]], np.array([[1.0, 0.0]]), np.array([[True, False]]), 2) == 1.0
+    with pytest.raises(ValueError, match="scores shape"):
+        best_of_k(answers, np.zeros((2, 3)), correct, 2)
+
+
+def test_canonical_answers_groups_equivalent_answers():
+    calls = []
+
+    def equivalent(a, b):
+        calls.append((a, b))
+        return float(eval(a)) == float(eval(b))  # noqa: S307 (test-only arithmetic)
+
+    got = canonical_answers(["0.5", "1/2", " 0.5", "2", None, "4/2", "1/2"], key=str.strip,
+                            equivalent=equivalent)
+    assert got == ["0.5", "0.5", "0.5", "2", None, "2", "0.5"]
+    # One call per new key and group: "1/2" vs "0.5"; "2" vs "0.5"; "4/2" vs "0.5", "2".
+    assert len(calls) == 4
+    assert canonical_answers(["a", "b", "a"]) == ["a", "b", "a"]
+    # Grouped answers vote together: "1/2" and "0.5" outvote "2".
+    correct = np.array([[True, True, False, False]])
+    raw = [["0.5", "1/2", "2", "2"]]
+    assert maj_at_k(raw, correct, 4) == 0.0
+    assert maj_at_k([canonical_answers(raw[0], equivalent=equivalent)], correct, 4) == 1.0
+
+
+def test_accuracy_curve_and_summary():
+    assert curve_ks(1) == [1] and curve_ks(8) == [1, 2, 4, 8] and curve_ks(6) == [1, 2, 4, 6]
+    answers = [["5", "6", "6", "5"], ["1", None, "2", "2"]]
+    correct = np.array([[1, 0, 0, 1], [0, 0, 1, 1]], dtype=bool)
+    scores = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    curve = accuracy_curve(correct, answers, scores, num_subsets=100)
+    assert curve["k"] == [1, 2, 4]
+    assert curve["pass@k"] == pytest.approx([pass_at_k_batch(correct, k) for k in (1, 2, 4)])
+    assert curve["maj@k"][0] == pytest.approx(0.5)  # maj@1 = mean correctness of answered
+    assert curve["maj@k"][-1] == pytest.approx(1.0)  # "5" (tie, first) and "2"
+    assert curve["best_of@k"][-1] == pytest.approx(1.0)
+    # Problem 0's verifier passes both correct samples: best-of-2 is right whenever one of
+    # them is in the pair (5 of 6 pairs); problem 1 falls back to the vote: pairs
+    # (1,None)->"1" 0, (1,2)->"1" 0, (1,2)->0, (None,2)->1, (None,2)->1, (2,2)->1 = 3/6.
+    assert curve["best_of@k"][1] == pytest.approx((5 / 6 + 3 / 6) / 2)
+    other = accuracy_curve(correct, answers, None, ks=(1, 4), num_subsets=0)
+    assert set(other) == {"k", "pass@k", "maj@k"} and other["k"] == [1, 4]
+    summary = summarize_curves([curve, curve])
+    assert summary["k"] == [1, 2, 4]
+    assert summary["maj@k"]["mean"] == pytest.approx(curve["maj@k"])
+    assert summary["maj@k"]["ci95"] == pytest.approx([0.0, 0.0, 0.0])
+    assert math.isnan(summarize_curves([curve])["pass@k"]["ci95"][0])
+    with pytest.raises(ValueError, match="different k"):
+        summarize_curves([curve, other])
+
+
+def test_seed_metrics_with_verifier_scores():
+    correct = np.array([[1, 0, 0, 1], [0, 0, 0, 0]], dtype=bool)
+    answers = [["5", "6", "6", "5"], ["1", None, "2", "2"]]
+    lengths = np.ones((2, 4), dtype=np.int32)
+    scores = np.array([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    out = seed_metrics(correct, answers, lengths, ks=(1, 2, 4), scores=scores)
+    assert {"best_of@2", "best_of@4"} <= set(out) and "best_of@1" not in out
+    assert out["best_of@4"] == pytest.approx(0.0)  # the verifier prefers the wrong "6"s
+    assert out["maj@4"] == pytest.approx(0.5)
+    assert "best_of@4 (%)" in format_table({"s": summarize_seeds([out])}, ["best_of@4"])
+
+
+def test_eval_runner_reports_curves(tmp_path):
+    """evaluate() on a random tiny model: curves per set, best_of@n in the table, a plot."""
+    import jax
+
+    from configs import arith_grpo
+    from jaxrl_reason import eval_runner, models
+    from jaxrl_reason.runtime import build_runtime
+
+    config = arith_grpo.get_config("smoke")
+    config.eval.num_samples = 4
+    config.eval.seeds = (0, 1)
+    config.eval.batch_prompts = 4
+    config.eval.max_new_tokens = 8
+    config.log.progress_bar = False
+    rt = build_runtime(config, str(tmp_path))
+    params = models.init_params(rt.model_cfg, jax.random.key(0), rt.mesh, rt.rules)
+    examples = eval_runner.eval_sets(config)
+    sets = {name: exs[:4] for name, exs in list(examples.items())[:1]}
+    report = eval_runner.evaluate(rt, params, sets, progress=False)
+    (name,) = sets
+    curve = report["curves"][name]
+    assert curve["k"] == [1, 2, 4]
+    assert set(curve) == {"k", "pass@k", "maj@k", "best_of@k"}
+    for metric in ("pass@k", "maj@k", "best_of@k"):
+        assert all(0.0 <= m <= 1.0 for m in curve[metric]["mean"])
+        assert len(curve[metric]["ci95"]) == 3
+    assert {"best_of@4", "maj@4", "pass@4"} <= set(report["sets"][name])
+    assert report["config"]["best_of_verifier"] == "format_strict"
+    assert "best_of@4" in eval_runner.comparison_table({"ckpt": report}, 4)
+    assert "maj@k" in eval_runner.format_curves(report)
+    png = eval_runner.plot_curves(report, str(tmp_path / "curves.png"))
+    assert png is None or (tmp_path / "curves.png").stat().st_size > 0

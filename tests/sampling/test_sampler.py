@@ -1,5 +1,6 @@
-"""The KV-cached sampler against a cache-free recompute loop, EOS handling, log-probs, filters,
-compilation caching and mesh independence."""
+"""The KV-cached sampler against a cache-free recompute loop, EOS and several stop ids,
+log-probs, filters, compilation caching, mesh independence, decode stages (attention over the
+filled part of the cache) against one whole-buffer stage, and the bf16 KV cache."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +9,9 @@ import pytest
 from jaxrl_reason import models, sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.sampling.filters import sample_inverse_cdf
 from jaxrl_reason.sampling.sampler import (Sampler, left_pad, pick_bucket,
-                                           positions_from_valid)
+                                           positions_from_valid, stage_ends)
 
 PAD = 0
 PROMPT_LENGTHS = (6, 3, 1, 4)
@@ -197,3 +199,143 @@ def test_left_pad_and_pick_bucket():
     assert pick_bucket([], [4, 8]) == 4
     with pytest.raises(ValueError, match="prompt of 40 tokens is longer than every bucket"):
         pick_bucket([3, 40], [16, 32])
+
+
+# ----------------------------------------------------------------------------- stop ids
+
+
+def _expected_with_stops(greedy, logprobs, stops):
+    """The reference truncated at each row's first token among `stops` (kept)."""
+    tokens, lps = greedy.copy(), logprobs.copy()
+    lengths, truncated = np.full(len(greedy), L), np.ones(len(greedy), bool)
+    for r, row in enumerate(greedy):
+        hits = np.flatnonzero(np.isin(row, stops))
+        if hits.size:
+            lengths[r], truncated[r] = hits[0] + 1, False
+            tokens[r, hits[0] + 1:], lps[r, hits[0] + 1:] = PAD, 0.0
+    return tokens, lps, lengths, truncated
+
+
+def test_several_stop_ids(params, prompts, reference, eos_id):
+    greedy = reference[0]
+    # A second stop id: the token at position 1 of a row that never emits eos_id.
+    other = next(int(row[1]) for row in greedy if eos_id not in row and row[1] != eos_id)
+    stops = [eos_id, other]
+    want = _expected_with_stops(*reference, stops)
+    assert (want[2] < L).sum() > (_expected_with_eos(*reference, eos_id)[2] < L).sum()
+    rep = lambda x: np.repeat(x, G, axis=0)  # noqa: E731
+    sampler = Sampler(Transformer(CFG), eos_id=eos_id, eos_ids=[other, eos_id], pad_id=PAD)
+    assert sampler.eos_ids == tuple(stops) and sampler.eos_id == eos_id
+    assert Sampler(Transformer(CFG), eos_ids=stops, pad_id=PAD).eos_ids == tuple(stops)
+    assert Sampler(Transformer(CFG), eos_id=-1, pad_id=PAD).eos_ids == (-1,)
+    out = jax.tree.map(np.asarray, sampler(params["1dev"], *prompts, jax.random.key(0),
+                                           num_samples=G, max_new_tokens=L, temperature=0.0))
+    np.testing.assert_array_equal(out.tokens, rep(want[0]))
+    np.testing.assert_allclose(out.logprobs, rep(want[1]), atol=1e-4)
+    np.testing.assert_array_equal(out.lengths, rep(want[2]))
+    np.testing.assert_array_equal(out.truncated, rep(want[3]))
+    # No stop id at all: every row runs to L tokens.
+    out = Sampler(Transformer(CFG), eos_ids=(), pad_id=PAD)(
+        params["1dev"], *prompts, jax.random.key(0), num_samples=G, max_new_tokens=L,
+        temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(out.tokens), rep(greedy))
+    assert np.asarray(out.truncated).all()
+
+
+# ----------------------------------------------------------------------------- decode stages
+
+
+def test_stage_ends():
+    assert stage_ends(128, 4) == (32, 64, 96, 128)
+    assert stage_ends(96, 4) == (24, 48, 72, 96)
+    assert stage_ends(6, 4) == (2, 3, 5, 6)
+    assert stage_ends(1, 4) == (1,)
+    assert stage_ends(100, 1) == (100,)
+    assert stage_ends(20, 3) == (7, 14, 20)  # stages shorter than 8: no rounding
+
+
+def test_filled_part_attention_equals_whole_buffer(params, prompts, eos_id):
+    """Decode stages with caches sized to the filled part give the tokens of one stage over
+    the whole Tp + L buffer: greedy, and sampling with a fixed key."""
+    length = 11
+    whole, staged = (Sampler(Transformer(CFG), eos_id=eos_id, pad_id=PAD, decode_stages=n)
+                     for n in (1, 4))  # 4 stages: caches of Tp + (3, 6, 9, 11) - 1 slots
+    for temperature in (0.0, 1.0):
+        a, b = (jax.tree.map(np.asarray, s(params["1dev"], *prompts, jax.random.key(4),
+                                           num_samples=G, max_new_tokens=length,
+                                           temperature=temperature))
+                for s in (whole, staged))
+        np.testing.assert_array_equal(b.tokens, a.tokens)
+        np.testing.assert_array_equal(b.lengths, a.lengths)
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+        assert (a.lengths > 6).any()  # the later stages did run for some rows
+
+
+def test_decode_stage_caches_grow(params, prompts):
+    """The compiled program holds one KV cache size per stage (the filled part, rounded up
+    to the stage), not only the whole buffer."""
+    sampler = Sampler(Transformer(CFG), eos_id=-1, pad_id=PAD, decode_stages=4)
+    hlo = sampler.lower(params["1dev"], *prompts, jax.random.key(0), num_samples=G,
+                        max_new_tokens=16).as_text()
+    rows, kv, hd = len(PROMPT_LENGTHS) * G, CFG.n_kv_heads, CFG.head_dim
+    for end in stage_ends(16, 4):  # 4, 8, 12, 16 -> caches of Tp + end - 1 slots
+        assert f"tensor<{rows}x{BUCKET + end - 1}x{kv}x{hd}xf32>" in hlo, end
+
+
+# ----------------------------------------------------------------------------- bf16 cache
+
+
+def test_bf16_cache_close_to_f32(samplers, params, prompts, eos_id):
+    model = Transformer(CFG)
+    f32 = samplers["1dev"]
+    bf16 = Sampler(model, eos_id=eos_id, pad_id=PAD, cache_dtype=jnp.bfloat16)
+    hlo = bf16.lower(params["1dev"], *prompts, jax.random.key(0), num_samples=G,
+                     max_new_tokens=L).as_text()
+    assert f"x{CFG.n_kv_heads}x{CFG.head_dim}xbf16>" in hlo  # the cache really is bf16
+    a, b = (jax.tree.map(np.asarray, s(params["1dev"], *prompts, jax.random.key(2),
+                                       num_samples=G, max_new_tokens=L, temperature=0.0))
+            for s in (f32, bf16))
+    # Attention reads bf16 keys/values (the prefill too): scored by the float32 model without
+    # a cache, the bf16 sampler's own tokens get log-probs within bf16 rounding of what it
+    # reported (these weights are 25x larger than a real init: logits of ~10).
+    prompt_tokens, prompt_valid = (np.repeat(x, G, axis=0) for x in prompts)
+    mask = scoring.completion_mask_from_lengths(jnp.asarray(b.lengths), L)
+    exact, _ = scoring.completion_logprobs(model, params["1dev"], prompt_tokens, prompt_valid,
+                                           jnp.asarray(b.tokens), mask, with_entropy=False)
+    np.testing.assert_allclose(b.logprobs, np.asarray(exact), atol=0.05)
+    assert np.mean(a.tokens == b.tokens) > 0.9
+
+
+# ----------------------------------------------------------------------------- token choice
+
+
+def test_inverse_cdf_sampling_frequencies():
+    probs = np.array([0.5, 0.0, 0.3, 0.15, 0.05])
+    logprobs = np.log(np.where(probs > 0, probs, 1.0))
+    logprobs[1] = -1e30  # filtered out: never drawn
+    n = 40_000
+    rows = jnp.broadcast_to(jnp.asarray(logprobs, jnp.float32), (n, 5))
+    tokens = np.asarray(sample_inverse_cdf(jax.random.key(0), rows))
+    freq = np.bincount(tokens, minlength=5) / n
+    assert freq[1] == 0
+    np.testing.assert_allclose(freq, probs, atol=0.01)
+
+
+def test_decode_attention_matches_einsum():
+    """The one-query (decode) attention equals the dot_general form it replaces."""
+    from jaxrl_reason.models import transformer as tr
+
+    rng = np.random.default_rng(0)
+    batch, s, kv, g, hd = 3, 7, 2, 2, 8
+    q = jnp.asarray(rng.normal(size=(batch, 1, kv, g, hd)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(batch, s, kv, hd)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(batch, s, kv, hd)), jnp.float32)
+    mask = jnp.asarray(rng.uniform(size=(batch, 1, s)) < 0.7).at[:, :, 0].set(True)
+    for cfg in (CFG, CFG.replace(attn_logit_softcap=2.0, query_pre_attn_scalar=12)):
+        scale = cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * scale ** -0.5
+        if cfg.attn_logit_softcap is not None:
+            scores = cfg.attn_logit_softcap * jnp.tanh(scores / cfg.attn_logit_softcap)
+        scores = jnp.where(mask[:, None, None], scores, -1e30)
+        want = jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(scores, axis=-1), v)
+        np.testing.assert_allclose(tr._attend(cfg, q, k, v, mask), want, atol=1e-5)

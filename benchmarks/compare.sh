@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Ours against the anchors (../shared/anchors) on identical work, in one invocation:
+# a table of ratios (ours / anchor), its last line a one-line summary.
+#   bash benchmarks/compare.sh                   # ~6 min ours + ~7 min anchors on 2 cores
+#   RUN_ANCHORS=0 bash benchmarks/compare.sh     # anchors from their results.json instead
+#   QUICK=1 bash benchmarks/compare.sh           # "test" preset, seconds: behaviour only
+#   REUSE=1 OUT=DIR bash benchmarks/compare.sh   # only the table, from DIR's earlier results
+# Ours: benchmarks/sampler.py (bench-tiny, bench-small; one process each, so each peak RSS is
+# its own) and benchmarks/rl_step.py (bench-tiny). Anchors: tunix_sampler.py, hf_generate.py
+# (TRL venv, or HF_PY) and trl_grpo_step.py, run with the venvs that anchors/setup.sh builds;
+# an anchor whose venv is absent (or all, with RUN_ANCHORS=0) takes its figure from
+# anchors/results.json, and the table says which did. The CPU is shared: every result carries its load average, and a ratio is only as
+# good as the two loads were alike.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ANCHORS=${ANCHORS:-$(cd .. && pwd)/shared/anchors}
+TUNIX_PY=${TUNIX_PY:-/tmp/venv_tunix/bin/python}
+TRL_PY=${TRL_PY:-/tmp/venv_trl/bin/python}
+HF_PY=${HF_PY:-$TRL_PY}   # any venv with the pinned torch + transformers runs hf_generate.py
+PY=${PYTHON:-python}
+OUT=${OUT:-$(mktemp -d /tmp/compare.XXXXXX)}
+QUICK=${QUICK:-0}
+REUSE=${REUSE:-0}
+RUN_ANCHORS=${RUN_ANCHORS:-1}
+mkdir -p "$OUT"
+
+result_line() {  # result_line LOG -> the last RESULT_JSON payload of LOG (or nothing)
+  grep '^RESULT_JSON ' "$1" | tail -1 | cut -d' ' -f2- || true
+}
+
+run() {  # run TAG CMD... -> $OUT/TAG.log and $OUT/TAG.json
+  local tag=$1 t0=$SECONDS rc=0; shift
+  "$@" > "$OUT/$tag.log" 2>&1 || rc=$?
+  local line; line=$(result_line "$OUT/$tag.log")
+  if [[ $rc -eq 0 && -n $line ]]; then echo "$line" > "$OUT/$tag.json"
+  else echo "{\"skipped\": \"rc=$rc; see $OUT/$tag.log\"}" > "$OUT/$tag.json"; fi
+  echo "$tag: rc=$rc, $((SECONDS - t0)) s" >&2
+}
+
+if [[ $REUSE != 1 ]]; then
+  if [[ $QUICK == 1 ]]; then
+    run ours.sampler.bench-tiny "$PY" benchmarks/sampler.py --quick --no-memory-analysis
+    cp "$OUT/ours.sampler.bench-tiny.json" "$OUT/ours.sampler.bench-small.json"
+    run ours.rl_step.bench-tiny "$PY" benchmarks/rl_step.py --quick
+  else
+    for m in bench-tiny bench-small; do
+      run "ours.sampler.$m" "$PY" benchmarks/sampler.py --models "$m"
+    done
+    run ours.rl_step.bench-tiny "$PY" benchmarks/rl_step.py
+  fi
+  if [[ $QUICK != 1 && $RUN_ANCHORS == 1 ]]; then  # each anchor whose venv is there
+    for m in bench-tiny bench-small; do
+      if [[ -x $TUNIX_PY ]]; then
+        run "anchor.tunix_sampler.$m" "$TUNIX_PY" "$ANCHORS/tunix_sampler.py" "$m"; fi
+      if [[ -x $HF_PY ]]; then
+        run "anchor.hf_generate.$m" "$HF_PY" "$ANCHORS/hf_generate.py" "$m"; fi
+    done
+    if [[ -x $TRL_PY ]]; then
+      run anchor.trl_grpo_step.bench-tiny "$TRL_PY" "$ANCHORS/trl_grpo_step.py" bench-tiny; fi
+  fi
+fi
+
+OUT="$OUT" ANCHORS="$ANCHORS" QUICK="$QUICK" "$PY" - <<'EOF'
+import glob, json, os
+
+out, anchors = os.environ["OUT"], os.environ["ANCHORS"]
+quick = os.environ["QUICK"] == "1"
+
+
+def load(tag):
+    path = os.path.join(out, tag + ".json")
+    if not os.path.exists(path):
+        return None
+    r = json.load(open(path))
+    return None if "skipped" in r else r
+
+
+stored = {}
+results_json = os.path.join(anchors, "results.json")
+if os.path.exists(results_json):
+    stored = json.load(open(results_json)).get("runs", {})
+fresh = bool(glob.glob(os.path.join(out, "anchor.*.json")))
+source = {}
+
+
+def anchor(tag):
+    r = load("anchor." + tag)
+    if r is not None:
+        source[tag] = "this run"
+        return r
+    r = stored.get(tag)
+    if r is not None and "skipped" not in r:
+        source[tag] = "results.json"
+        return r
+    return None
+
+
+rows = []  # (workload, ours, anchor name, anchor value, ratio ours/anchor, better)
+for m in ("bench-tiny", "bench-small"):
+    ours = load(f"ours.sampler.{m}")
+    for name, tag in (("Tunix", f"tunix_sampler.{m}"), ("HF generate", f"hf_generate.{m}")):
+        a = anchor(tag)
+        if ours and a:
+            name += "*" if source[tag] == "results.json" else ""
+            rows.append((f"sampler {m} (tok/s)", ours["decode_tok_s"], name,
+                         a["decode_tok_s"], ours["decode_tok_s"] / a["decode_tok_s"], "higher"))
+rl = load("ours.rl_step.bench-tiny")
+trl = anchor("trl_grpo_step.bench-tiny")
+trl_name = "TRL" + ("*" if source.get("trl_grpo_step.bench-tiny") == "results.json" else "")
+if rl and trl:
+    rows.append(("GRPO step bench-tiny (s)", rl["step_s_median"], trl_name,
+                 trl["step_s_median"], rl["step_s_median"] / trl["step_s_median"], "lower"))
+    for part, theirs in (("sample", "generate"),
+                         ("train", "policy_fwd_loss_bwd")):
+        rows.append((f"  {part} part (s)", rl["split_s_median"][part], trl_name,
+                     trl["split_s_median"][theirs],
+                     rl["split_s_median"][part] / trl["split_s_median"][theirs], "lower"))
+    ref = rl["split_s_median"]["reference"] + rl["split_s_median"]["score"]
+    rows.append(("  reference + score (s)", ref, trl_name,
+                 trl["split_s_median"]["score_ref_logps_reward"],
+                 ref / trl["split_s_median"]["score_ref_logps_reward"], "lower"))
+
+print(f"results in {out}" + ("   [QUICK: 'test' preset against bench anchors: the ratios "
+                             "mean nothing]" if quick else ""))
+print()
+print("| workload | ours | anchor | anchor's | ours / anchor | better |")
+print("|---|---|---|---|---|---|")
+for w, o, name, a, ratio, better in rows:
+    fmt = (lambda x: f"{x:,.0f}") if "tok/s" in w else (lambda x: f"{x:.2f}")
+    print(f"| {w} | {fmt(o)} | {name} | {fmt(a)} | {ratio:.2f} | {better} |")
+print()
+for m in ("bench-tiny", "bench-small"):
+    r = load(f"ours.sampler.{m}")
+    if r:
+        print(f"ours sampler {m}: {r['achieved_gflops']} GFLOP/s = "
+              f"{100 * r['roofline_fraction']:.0f}% of XLA's {r['matmul_rate_gflops']} GFLOP/s "
+              f"matmul rate at its shapes ({100 * r['roofline_fraction_matmul_params']:.0f}% "
+              f"counting matmul params only), "
+              + (f"{100 * r['fraction_of_peak']:.0f}% of the machine's best "
+                 f"{r['peak_gflops']} GFLOP/s {r['peak_parts']}" if "fraction_of_peak" in r
+                 else "no peak rate in this result")
+              + f"; compile {r['compile_s']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+              f"load {r['loadavg_start']} -> {r['loadavg_end']}")
+if rl:
+    print(f"ours GRPO step: split {({k: round(v, 3) for k, v in rl['split_s_median'].items()})}"
+          f", roofline fractions {rl['roofline_fraction']}, load {rl['loadavg_start']}")
+date = (json.load(open(results_json)).get("date_utc", "?") if os.path.exists(results_json)
+        else "?")
+now = sorted(t for t, v in source.items() if v == "this run")
+old = sorted(t for t, v in source.items() if v == "results.json")
+note = "; ".join(part for part in (
+    f"anchors run now, at the same load: {', '.join(now)}" if now else "",
+    f"anchors* from results.json ({date}, unloaded machine; their venvs absent or "
+    f"RUN_ANCHORS=0): {', '.join(old)}" if old else "") if part) or "no anchors"
+print(f"note: {note}")
+
+
+def ratio(workload_prefix, name):
+    return next((r[4] for r in rows if r[0].startswith(workload_prefix)
+                 and r[2].rstrip("*") == name), None)
+
+
+parts = []
+for m in ("bench-tiny", "bench-small"):
+    t, h = ratio(f"sampler {m}", "Tunix"), ratio(f"sampler {m}", "HF generate")
+    if t is not None and h is not None:
+        parts.append(f"sampler {m} {t:.2f}x Tunix {'OK' if t >= 2 else 'MISS'}(>=2), "
+                     f"{h:.2f}x HF {'OK' if h >= 1.5 else 'MISS'}(>=1.5)")
+small = load("ours.sampler.bench-small")
+if small:
+    f = small["roofline_fraction"]
+    p = small.get("fraction_of_peak", f)
+    parts.append(f"bench-small at {100 * f:.0f}% of XLA's matmul rate at its shapes, "
+                 f"{100 * p:.0f}% of the machine's best {'OK' if min(f, p) >= 0.5 else 'MISS'}"
+                 f"(>=50%)")
+g = ratio("GRPO step", "TRL")
+if g is not None:
+    parts.append(f"GRPO step {g:.2f}x TRL's time {'OK' if g <= 0.5 else 'MISS'}(<=0.5)")
+loads = [r["loadavg_start"][0] for r in (load("ours.sampler.bench-tiny"), small, rl) if r]
+print("summary: " + ("; ".join(parts) if parts else "no comparable results")
+      + (f"; load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores" if loads else "")
+      + ("; QUICK (behaviour only)" if quick else ""))
+EOF

@@ -1,0 +1,273 @@
+r"""Our sampler on the anchors' models and workload (../shared/anchors/spec.json).
+
+    python benchmarks/sampler.py                          # bench-tiny and bench-small, ~2 min
+    python benchmarks/sampler.py --models bench-small --cache-dtype bfloat16 --json out.json
+    python benchmarks/sampler.py --scaling                # cost vs rows and vs length
+    python benchmarks/sampler.py --profile /tmp/trace     # + a jax.profiler trace summary
+    python benchmarks/sampler.py --quick                  # "test" preset, tiny workload (tests)
+
+Workload (the spec's "sampler"): 16 seeded random prompts of 32 tokens (the anchors' ids),
+8 samples each = 128 rows, 128 new tokens, temperature 1, top-p 1, top-k off, random-init
+weights (N(0, 0.02)), no early stop (the stop id is -1, which never occurs). Protocol as the
+anchors: one warm-up call (it includes compilation), then the median of 3 timed calls;
+tokens/s = rows x new tokens / median seconds.
+
+Each result also carries: compile seconds (JAX's own compile events during the warm-up call),
+XLA's buffer plan of the compiled program (`memory_analysis()`), the process's peak RSS, the
+useful FLOPs per call (prefill of the 16 prompts + 127 decode steps of 128 rows over the
+filled cache; see benchmarks/roofline.py) as a fraction of this machine's float32 matmul rate
+through XLA at the model's decode shapes ([128, d] x [d, ...]) and of the best matmul rate
+measured on the machine (XLA 1024^3 or numpy's probe), and the load average (the CPU is shared:
+figures taken under load are provisional). The output line `RESULT_JSON {...}` is what
+benchmarks/compare.sh reads.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import resource
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import roofline  # noqa: E402
+from jaxrl_reason import models, sharding as shd  # noqa: E402
+from jaxrl_reason.models.transformer import Transformer  # noqa: E402
+from jaxrl_reason.sampling.sampler import Sampler  # noqa: E402
+
+WORKLOAD = {"n_prompts": 16, "samples_per_prompt": 8, "prompt_len": 32, "new_tokens": 128,
+            "temperature": 1.0, "top_p": 1.0, "top_k": 0, "warmup_calls": 1, "timed_calls": 3}
+QUICK = {"n_prompts": 2, "samples_per_prompt": 2, "prompt_len": 8, "new_tokens": 8,
+         "temperature": 1.0, "top_p": 1.0, "top_k": 0, "warmup_calls": 1, "timed_calls": 1}
+SEED, PROMPT_ID_LOW = 0, 3  # the spec's seed and its first non-special token id
+
+COMPILE_S: dict[str, float] = {}
+
+
+def _on_event(event: str, secs: float, **_) -> None:
+    if event.startswith("/jax/core/compile/"):
+        name = event.rsplit("/", 1)[1]
+        COMPILE_S[name] = COMPILE_S.get(name, 0.0) + secs
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def workload_from_spec(spec: dict | None, quick: bool) -> dict:
+    """The spec's sampler workload (our defaults when spec.json is absent), or QUICK."""
+    if quick:
+        return dict(QUICK)
+    w = dict(WORKLOAD)
+    if spec is not None:
+        w.update({k: spec["sampler"][k] for k in w if k in spec["sampler"]})
+    return w
+
+
+def prompt_ids(vocab_size: int, n_prompts: int, prompt_len: int, seed: int = SEED) -> np.ndarray:
+    """The anchors' prompts: seeded ids in [3, vocab), int32 [n_prompts, prompt_len]."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(PROMPT_ID_LOW, vocab_size, size=(n_prompts, prompt_len)).astype(np.int32)
+
+
+def sampler_flops(cfg, w: dict, rows: int, matmul_only: bool = False) -> float:
+    """Useful forward FLOPs of one call: the prefill of the P prompts (causal) and L - 1
+    decode steps of `rows` rows, step s attending to prompt_len + s keys."""
+    p, tp, new = w["n_prompts"], w["prompt_len"], w["new_tokens"]
+    prefill = roofline.forward_flops(cfg, p * tp, p * roofline.causal_keys(0, tp), matmul_only)
+    steps = new - 1
+    keys = rows * (steps * tp + steps * (steps + 1) / 2)
+    return prefill + roofline.forward_flops(cfg, rows * steps, keys, matmul_only)
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def profile_options() -> jax.profiler.ProfileOptions:
+    """Host tracer level 3: XLA:CPU then records one event per executed op (fusion, dot)."""
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level = 3
+    options.python_tracer_level = 0
+    return options
+
+
+_CONTAINERS = ("while", "conditional", "call", "Pjit", "Execute", "ThunkExecutor", "PjRt",
+               "$", "Allocate", "Handle", "Parse", "end: ")
+
+
+def trace_summary(trace_dir: str, top: int = 15) -> list[tuple[str, float, int]]:
+    """(op kind, total ms, count) of the longest-running kinds of XLA ops in the newest
+    perfetto trace under `trace_dir` (jax.profiler.trace(create_perfetto_trace=True)); loops,
+    calls and host runtime events that contain other events are left out."""
+    files = sorted(Path(trace_dir).rglob("*.trace.json.gz"), key=os.path.getmtime)
+    if not files:
+        return []
+    with gzip.open(files[-1]) as f:
+        events = json.load(f).get("traceEvents", [])
+    total, count = defaultdict(float), defaultdict(int)
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(_CONTAINERS):
+            kind = re.sub(r"\.\d+$", "", e["name"])  # fusion.12 -> fusion: one line per kind
+            total[kind] += e["dur"] / 1e3
+            count[kind] += 1
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return [(name, round(ms, 2), count[name]) for name, ms in ranked]
+
+
+def build(name: str, cache_dtype: str | None, decode_stages: int):
+    cfg = models.get_preset(name)
+    mesh = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params = models.init_params(cfg, jax.random.key(SEED), mesh, shd.DEFAULT_RULES)
+    sampler = Sampler(Transformer(cfg), eos_id=-1, pad_id=0,  # -1: no early stop
+                      cache_dtype=None if cache_dtype in (None, "none") else jnp.dtype(cache_dtype),
+                      decode_stages=decode_stages)
+    return cfg, params, sampler
+
+
+def run_model(name: str, w: dict, args) -> dict:
+    """Times the sampler on preset `name` under workload `w`; returns the result dict."""
+    roofline.check_preset_matches_spec(name, args.spec_data)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    cfg, params, sampler = build(name, args.cache_dtype, args.decode_stages)
+    g, new = w["samples_per_prompt"], w["new_tokens"]
+    prompts = prompt_ids(cfg.vocab_size, w["n_prompts"], w["prompt_len"])
+    valid = np.ones_like(prompts, bool)
+    rows = prompts.shape[0] * g
+    calls = [0]
+
+    def generate():
+        calls[0] += 1
+        out = sampler(params, prompts, valid, jax.random.key(calls[0]), num_samples=g,
+                      max_new_tokens=new, temperature=w["temperature"], top_p=w["top_p"],
+                      top_k=w["top_k"])
+        lengths = np.asarray(out.lengths)  # a host copy: the call has finished
+        assert (lengths == new).all(), "a row stopped early"
+
+    COMPILE_S.clear()
+    t = roofline.time_calls(generate, w["warmup_calls"], w["timed_calls"])
+    compile_parts = dict(COMPILE_S)
+    result = {
+        "system": "jaxrl_reason.Sampler", "model": name, "n_params": cfg.num_params,
+        "rows": rows, "new_tokens": new, "prompt_len": w["prompt_len"],
+        "decode_tok_s": rows * new / t["median_s"], "decode_tok_s_best": rows * new / t["min_s"],
+        "median_s": t["median_s"], "timed_s": t["timed_s"], "first_call_s": t["first_call_s"],
+        "compile_s": sum(compile_parts.values()), "compile_s_parts": compile_parts,
+        "cache_dtype": args.cache_dtype or str(jnp.dtype(cfg.dtype)),
+        "decode_stages": args.decode_stages,
+    }
+    if args.profile:
+        with jax.profiler.trace(args.profile, create_perfetto_trace=True,
+                                profiler_options=profile_options()):
+            generate()
+        result["trace_top_ms"] = trace_summary(args.profile)
+    if not args.no_memory_analysis:
+        lowered = sampler.lower(params, prompts, valid, jax.random.key(0), num_samples=g,
+                                max_new_tokens=new, temperature=w["temperature"])
+        mem = lowered.compile().memory_analysis()
+        if mem is not None:
+            result["xla_memory_mib"] = {
+                k: round(getattr(mem, f"{k}_size_in_bytes") / 2 ** 20, 1)
+                for k in ("argument", "output", "temp", "generated_code")}
+    flops = sampler_flops(cfg, w, rows)
+    flops_mm = sampler_flops(cfg, w, rows, matmul_only=True)
+    frac = roofline.roofline_fraction(flops / t["median_s"], cfg, rows, args.quick)
+    result.update({
+        "gflop_per_call": round(flops / 1e9, 2),
+        "achieved_gflops": frac["achieved_gflops"],
+        "matmul_rate_gflops": frac["roofline_gflops"],
+        "roofline_fraction": frac["fraction"],
+        "peak_gflops": frac["peak_gflops"], "peak_parts": frac["peak_parts"],
+        "fraction_of_peak": frac["fraction_of_peak"],
+        "roofline_fraction_matmul_params": round(flops_mm / t["median_s"]
+                                                 / (frac["roofline_gflops"] * 1e9), 4),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "loadavg_start": load_start, "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    })
+    return result
+
+
+def scaling(name: str, args) -> list[dict]:
+    """Seconds per call (one warm-up, then one timed call) over rows and over new tokens."""
+    cfg, params, sampler = build(name, args.cache_dtype, args.decode_stages)
+    grid = ([(4, 8), (8, 8), (4, 16)] if args.quick else
+            [(r, 128) for r in (32, 64, 128, 256)] + [(128, n) for n in (64, 256, 512)])
+    prompts_all = prompt_ids(cfg.vocab_size, 32, 8 if args.quick else 32)
+    out = []
+    for rows, new in grid:
+        g = 8 if rows >= 8 else rows
+        prompts = prompts_all[:rows // g]
+        valid = np.ones_like(prompts, bool)
+
+        def generate():
+            out_ = sampler(params, prompts, valid, jax.random.key(1), num_samples=g,
+                           max_new_tokens=new)
+            np.asarray(out_.tokens)
+
+        t = roofline.time_calls(generate, 1, 1)
+        row = {"rows": rows, "new_tokens": new, "s": round(t["median_s"], 3),
+               "us_per_token": round(1e6 * t["median_s"] / (rows * new), 1),
+               "loadavg": round(os.getloadavg()[0], 2)}
+        print(f"SCALING {name} rows={rows:4d} new={new:4d}  {row['s']:8.3f} s  "
+              f"{row['us_per_token']:7.1f} us/token  load {row['loadavg']}", flush=True)
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=None,
+                    help="presets (default bench-tiny bench-small; 'test' with --quick)")
+    ap.add_argument("--cache-dtype", default=None, help="KV-cache dtype, e.g. bfloat16")
+    ap.add_argument("--decode-stages", type=int, default=4,
+                    help="decode stages with a growing cache (1 = whole buffer every step)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="also time 32..256 rows and 64..512 new tokens (first model)")
+    ap.add_argument("--profile", help="trace one call into this directory and summarize it")
+    ap.add_argument("--no-memory-analysis", action="store_true",
+                    help="skip the extra AOT compile for XLA's buffer plan")
+    ap.add_argument("--spec", default=None, help="anchors' spec.json (default: shared path)")
+    ap.add_argument("--quick", action="store_true", help="'test' preset, tiny workload")
+    ap.add_argument("--json", help="write all results to this file")
+    args = ap.parse_args(argv)
+    args.spec_data = roofline.load_spec(args.spec)
+    names = args.models or (["test"] if args.quick else ["bench-tiny", "bench-small"])
+    w = workload_from_spec(args.spec_data, args.quick)
+    machine = roofline.machine_info(probe=not args.quick)
+    print(f"machine: {machine}; workload: {w}", flush=True)
+    results = {"machine": machine, "workload": w, "runs": {}}
+    for name in names:
+        r = run_model(name, w, args)
+        results["runs"][name] = r
+        print(f"{name}: {r['decode_tok_s']:.0f} tok/s (median of {w['timed_calls']}, "
+              f"best {r['decode_tok_s_best']:.0f}), first call {r['first_call_s']:.1f} s, "
+              f"compile {r['compile_s']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+              f"XLA buffers {r.get('xla_memory_mib')}, {r['achieved_gflops']} GFLOP/s = "
+              f"{100 * r['roofline_fraction']:.0f}% of the {r['matmul_rate_gflops']} GFLOP/s "
+              f"matmul rate at its shapes ({100 * r['roofline_fraction_matmul_params']:.0f}% "
+              f"counting matmul params only), {100 * r['fraction_of_peak']:.0f}% of the "
+              f"machine's best {r['peak_gflops']} GFLOP/s {r['peak_parts']}, load "
+              f"{r['loadavg_start']} -> {r['loadavg_end']}",
+              flush=True)
+        for ev in r.get("trace_top_ms", []):
+            print(f"  trace: {ev[1]:10.2f} ms  x{ev[2]:<6d} {ev[0]}")
+        print("RESULT_JSON " + json.dumps(r), flush=True)
+    if args.scaling:
+        results["scaling"] = scaling(names[0], args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
