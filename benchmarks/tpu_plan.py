@@ -120,12 +120,12 @@ def extrapolate(a: dict, b: dict, layers: int, params: int) -> dict:
 
 def figures(result: dict) -> dict:
     """Fit, peak memory, roofline time and MFU per program (from the stored per-device data)."""
-    from jaxrl_reason.plan import Chip, ProgramPlan
+    from jaxrl_reason.plan import Chip, ProgramPlan, with_flops_floor
 
     chip = Chip(**result["chip"])
     rows = {}
     for name, p in result["programs"].items():
-        prog = ProgramPlan(**p)
+        prog = with_flops_floor(ProgramPlan(**p), result["devices"], "block")
         rows[name] = {"total_gib": prog.total_bytes / GiB,
                       "fits": prog.total_bytes <= chip.hbm_bytes,
                       "roofline_s": prog.roofline_s(chip),
