@@ -51,8 +51,12 @@ def _max_rel(a, b):
     return max(diffs)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_forward_and_gradients_match_the_unrolled_stack(family, mesh):
+# Every family switch without remat; the remat policies (which only change what the backward
+# pass keeps) on Gemma 2, whose blocks have the most parts (post-norms, soft-caps, windows).
+@pytest.mark.parametrize("family, remats", [(f, ("none",)) for f in sorted(FAMILIES)
+                                            if f != "gemma2"]
+                         + [("gemma2", ("none", "block", "save_dots"))])
+def test_forward_and_gradients_match_the_unrolled_stack(family, remats, mesh):
     cfg, params, scfg, sparams = _pair(FAMILIES[family], mesh)
     tokens, positions, valid = _inputs()
 
@@ -60,10 +64,10 @@ def test_forward_and_gradients_match_the_unrolled_stack(family, mesh):
         logits, _ = Transformer(c).apply({"params": p}, tokens, positions, valid)
         return jnp.mean(jax.nn.log_softmax(logits)[..., 3])
 
-    a, ga = jax.value_and_grad(loss)(params, cfg)
-    for remat in ("none", "block", "save_dots"):
-        b, gb = jax.jit(jax.value_and_grad(loss), static_argnums=1)(
-            sparams, scfg.replace(remat=remat))
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    a, ga = grad(params, cfg)
+    for remat in remats:
+        b, gb = grad(sparams, scfg.replace(remat=remat))
         np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
         assert _max_rel(ga, models.unstack_layers(scfg, gb)) < 1e-4, remat
 
