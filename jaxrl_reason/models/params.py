@@ -99,30 +99,42 @@ def stack_layers(cfg: ModelConfig, params: dict, *, consume: bool = False) -> di
     return out
 
 
+def _stack(*xs):
+    return jnp.stack(xs)
+
+
 def _stack_leaf(*xs):
     sharding = getattr(xs[0], "sharding", None)
     if isinstance(sharding, jax.sharding.NamedSharding):
         spec = jax.sharding.PartitionSpec(None, *sharding.spec)
         target = jax.sharding.NamedSharding(sharding.mesh, spec)
-        return jax.jit(lambda *a: jnp.stack(a), out_shardings=target)(*xs)
+        return jax.jit(_stack, out_shardings=target)(*xs)
     return jnp.stack(xs)
 
 
 def unstack_layers(cfg: ModelConfig, params: dict) -> dict:
     """Scanned layout -> layer_i layout (the inverse of `stack_layers`, bit-exact)."""
     out = {k: v for k, v in params.items() if k != "layers"}
+    leaves, treedef = jax.tree.flatten(params["layers"])
+    per_layer = [_unstack_leaf(x) for x in leaves]  # each: n_layers slices
     for i in range(cfg.n_layers):
-        out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: _unstack_leaf(x, i), params["layers"])
+        out[f"layer_{i}"] = jax.tree.unflatten(treedef, [slices[i] for slices in per_layer])
     return out
 
 
-def _unstack_leaf(x, i):
+def _unstack(x):
+    return tuple(x[i] for i in range(x.shape[0]))
+
+
+def _unstack_leaf(x) -> tuple:
+    """The n_layers slices of a stacked leaf, in one program (each keeps x's sharding minus
+    the leading axis)."""
     sharding = getattr(x, "sharding", None)
     if isinstance(sharding, jax.sharding.NamedSharding):
         spec = jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:])
         target = jax.sharding.NamedSharding(sharding.mesh, spec)
-        return jax.jit(lambda a: a[i], out_shardings=target)(x)
-    return x[i]
+        return jax.jit(_unstack, out_shardings=(target,) * x.shape[0])(x)
+    return tuple(x[i] for i in range(x.shape[0]))
 
 
 def to_layout(cfg: ModelConfig, params: dict) -> dict:

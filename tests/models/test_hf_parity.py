@@ -90,17 +90,21 @@ def test_logits_match_transformers(loaded):
     assert diff < LOGIT_TOL, f"{family}: max |logit diff| {diff:.3g}"
 
 
-def test_greedy_generation_matches_transformers(loaded, mesh1):
+def _assert_greedy_matches(family, cfg, params, ref, mesh):
     """Our KV-cached sampler (prompts left-padded by 4 slots, so slots != positions) gives
     transformers' greedy continuation token for token, sliding windows included."""
-    family, _, cfg, params, ref = loaded
     prompts = [list(row) for row in ref["input_ids"]]
     tokens, valid = left_pad(prompts, len(prompts[0]) + 4, pad_id=0)
-    sampler = Sampler(Transformer(cfg), eos_id=-1, pad_id=0, mesh=mesh1, rules=RULES)
+    sampler = Sampler(Transformer(cfg), eos_id=-1, pad_id=0, mesh=mesh, rules=RULES)
     out = sampler(params, tokens, valid, jax.random.key(0),
                   max_new_tokens=ref["greedy"].shape[1], temperature=0.0)
     np.testing.assert_array_equal(np.asarray(out.tokens), ref["greedy"], err_msg=family)
     assert not np.any(np.asarray(out.truncated) == 0)
+
+
+def test_greedy_generation_matches_transformers(loaded, mesh1):
+    family, _, cfg, params, ref = loaded
+    _assert_greedy_matches(family, cfg, params, ref, mesh1)
 
 
 # ----------------------------------------------------------------------------- round trips
@@ -356,12 +360,7 @@ def test_scanned_layers_match_transformers(loaded_scanned, mesh1, tmp_path):
     diff = float(np.abs(np.asarray(logits) - ref["logits"]).max())
     assert diff < LOGIT_TOL, f"{family}: max |logit diff| {diff:.3g}"
 
-    prompts = [list(row) for row in ref["input_ids"]]
-    padded, valid = left_pad(prompts, len(prompts[0]) + 4, pad_id=0)
-    sampler = Sampler(Transformer(cfg), eos_id=-1, pad_id=0, mesh=mesh1, rules=RULES)
-    out = sampler(params, padded, valid, jax.random.key(0),
-                  max_new_tokens=ref["greedy"].shape[1], temperature=0.0)
-    np.testing.assert_array_equal(np.asarray(out.tokens), ref["greedy"], err_msg=family)
+    _assert_greedy_matches(family, cfg, params, ref, mesh1)
 
     hf.export_hf_checkpoint(cfg, params, str(tmp_path))
     original = load_file(os.path.join(path, "model.safetensors"))

@@ -137,17 +137,14 @@ def test_stack_and_unstack_are_exact_and_keep_shardings(mesh):
 def test_cache_helpers_work_on_both_layouts():
     for scan in (False, True):
         cfg = models.get_preset("test", scan_layers=scan)
-        cache = init_cache(cfg, 2, 5)
-        cache = jax.tree.map(lambda x: x + jnp.arange(2.0).reshape(
-            (2,) + (1,) * (x.ndim - 1 - int(scan)))[None] if scan else x + jnp.arange(
-                2.0).reshape(2, 1, 1, 1), cache)
+        # Row b of every cache leaf holds the value b; its batch axis is 1 when stacked.
+        rows = jnp.arange(2.0).reshape((1,) * scan + (2, 1, 1, 1))
+        cache = jax.tree.map(lambda x: x + rows, init_cache(cfg, 2, 5))
         assert cache_length(cache) == 5
         assert cache_length(pad_cache(cache, 3)) == 8
-        rep = repeat_cache(cache, 3)
-        leaf = jax.tree.leaves(rep)[0]
-        batch = leaf[:, :, 0, 0, 0] if scan else leaf[:, 0, 0, 0]
-        np.testing.assert_array_equal(np.asarray(batch).reshape(-1)[:6],
-                                      [0, 0, 0, 1, 1, 1])
+        leaf = jax.tree.leaves(repeat_cache(cache, 3))[0]
+        batch = leaf[0, :, 0, 0, 0] if scan else leaf[:, 0, 0, 0]
+        np.testing.assert_array_equal(np.asarray(batch), [0, 0, 0, 1, 1, 1])
 
 
 def test_scan_layers_must_be_a_bool():
