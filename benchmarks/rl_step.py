@@ -39,8 +39,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import roofline  # noqa: E402
-from sampler import (COMPILE_S, peak_rss_mib, profile_options, prompt_ids,  # noqa: E402
-                     sampler_flops, trace_summary)
+from sampler import (COMPILE_S, peak_rss_mib, print_trace, profile_options,  # noqa: E402
+                     prompt_ids, sampler_flops, trace_summary)
 from configs import arith_grpo  # noqa: E402
 from jaxrl_reason import models, sharding as shd  # noqa: E402
 from jaxrl_reason.kernels import dispatch as kernel_dispatch  # noqa: E402
@@ -243,8 +243,7 @@ def main(argv=None) -> int:
           f"{steps[0]['step_s']:.1f} s, compile {compile_s:.1f} s; roofline fractions "
           f"{result['roofline_fraction']}; load {load_start} -> {result['loadavg_end']}",
           flush=True)
-    for ev in result.get("train_trace_top_ms", []):
-        print(f"  train trace: {ev[1]:10.2f} ms  x{ev[2]:<6d} {ev[0]}")
+    print_trace(result.get("train_trace_top_ms", []), "train trace")
     print("RESULT_JSON " + json.dumps(result), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -105,6 +105,12 @@ _CONTAINERS = ("while", "conditional", "call", "Pjit", "Execute", "ThunkExecutor
                "$", "Allocate", "Handle", "Parse", "end: ")
 
 
+def print_trace(events, label: str = "trace") -> None:
+    """Prints `trace_summary`'s (op, ms, count) rows, one per line."""
+    for name, ms, count in events:
+        print(f"  {label}: {ms:10.2f} ms  x{count:<6d} {name}")
+
+
 def trace_summary(trace_dir: str, top: int = 15) -> list[tuple[str, float, int]]:
     """(op kind, total ms, count) of the longest-running kinds of XLA ops in the newest
     perfetto trace under `trace_dir` (jax.profiler.trace(create_perfetto_trace=True)); loops,
@@ -258,8 +264,7 @@ def main(argv=None) -> int:
               f"machine's best {r['peak_gflops']} GFLOP/s {r['peak_parts']}, load "
               f"{r['loadavg_start']} -> {r['loadavg_end']}",
               flush=True)
-        for ev in r.get("trace_top_ms", []):
-            print(f"  trace: {ev[1]:10.2f} ms  x{ev[2]:<6d} {ev[0]}")
+        print_trace(r.get("trace_top_ms", []))
         print("RESULT_JSON " + json.dumps(r), flush=True)
     if args.scaling:
         results["scaling"] = scaling(names[0], args)
