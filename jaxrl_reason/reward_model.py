@@ -67,7 +67,7 @@ from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
                                             value_param_shardings)
 from jaxrl_reason.reliability import apply_if_finite
 from jaxrl_reason.rl.value import init_value_params
-from jaxrl_reason.sampling.sampler import left_pad, pick_bucket, round_up
+from jaxrl_reason.sampling.sampler import left_pad, pick_bucket, right_pad, round_up
 from jaxrl_reason.tokenizers import tokenizer_from_serialized
 from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
                                       learning_rate_schedule, make_optimizer)
@@ -286,11 +286,7 @@ def encode_responses(tokenizer, prompts: Sequence[str], responses: Sequence[str]
     if response_length is None:
         longest = max((len(ids) for ids in encoded), default=1)
         response_length = min(round_up(longest, length_bucket), max_response_length)
-    tokens = np.full((len(encoded), response_length), tokenizer.pad_id, np.int32)
-    mask = np.zeros((len(encoded), response_length), np.float32)
-    for i, ids in enumerate(encoded):
-        tokens[i, :len(ids)] = ids
-        mask[i, :len(ids)] = 1.0
+    tokens, mask = right_pad(encoded, response_length, tokenizer.pad_id)
     return {"prompt_tokens": prompt_tokens, "prompt_valid": prompt_valid,
             "completion_tokens": tokens, "completion_mask": mask}
 

@@ -25,7 +25,7 @@ from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.data.tasks import task_source
 from jaxrl_reason.runtime import Runtime
 from jaxrl_reason.run_state import PhaseCheckpointer
-from jaxrl_reason.sampling.sampler import round_up
+from jaxrl_reason.sampling.sampler import right_pad, round_up
 from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
                                       learning_rate_schedule, make_optimizer)
 
@@ -75,11 +75,7 @@ def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion
     if length_bucket:
         longest = max(len(ids) for ids in encoded)
         length = min(round_up(longest, length_bucket), max_completion_length)
-    tokens = np.full((len(examples), length), rt.tokenizer.pad_id, np.int32)
-    mask = np.zeros((len(examples), length), np.float32)
-    for i, ids in enumerate(encoded):
-        tokens[i, :len(ids)] = ids
-        mask[i, :len(ids)] = 1.0
+    tokens, mask = right_pad(encoded, length, rt.tokenizer.pad_id)
     return {"prompt_tokens": prompt_tokens, "prompt_valid": prompt_valid,
             "completion_tokens": tokens, "completion_mask": mask}
 

@@ -70,6 +70,20 @@ def left_pad(token_lists: Sequence[Sequence[int]], length: int, pad_id: int):
     return tokens, valid
 
 
+def right_pad(token_lists: Sequence[Sequence[int]], length: int, pad_id: int):
+    """Right-pads completions (responses, SFT targets) to `length` (each at most `length`).
+
+    Returns: (tokens int32 [N, length], mask float32 [N, length], 1.0 on real tokens) as
+    numpy arrays.
+    """
+    tokens = np.full((len(token_lists), length), pad_id, np.int32)
+    mask = np.zeros((len(token_lists), length), np.float32)
+    for i, ids in enumerate(token_lists):
+        tokens[i, :len(ids)] = ids
+        mask[i, :len(ids)] = 1.0
+    return tokens, mask
+
+
 def round_up(n: int, multiple: int) -> int:
     """The smallest multiple of `multiple` that is >= n (ints)."""
     return -(-n // multiple) * multiple
