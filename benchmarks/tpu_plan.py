@@ -13,7 +13,12 @@ first that fits is reported:
   A. float32 master weights and Adam state, FSDP over all chips, one row per chip per
      micro-batch, scanned layers, remat per block, 512-query attention chunks, chunked
      log-probs;
-  B. as A with bfloat16 weights and Adam state (half the memory, no f32 masters).
+  B. as A with bfloat16 weights and Adam state (half the memory, no f32 masters);
+  C. as B with the reference and the optimizer state in host memory outside the programs
+     that read them (rl.offload_reference, rl.offload_optimizer);
+  D. as C with 256-query attention chunks (half the float32 attention scores);
+  E. as C with the chips as FSDP x tensor parallel 2 (MLP hidden units, heads and KV heads
+     split over pairs of chips: each chip holds half of a row's per-layer activations).
 
 Every program is compiled at the model's real depth: with `scan_layers` the program holds
 one block, so a compile takes about as long at 28 layers as at 2. `--unrolled MODEL SLICE`
@@ -35,10 +40,19 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("qwen2.5-1.5b", "gemma2-2b", "qwen2.5-7b", "llama3-8b")
 SLICES = {"v5e-8": "v5e:2x4", "v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4"}
+# Each setting: model-block overrides and rl overrides; tried in order, first fit reported.
+OFFLOAD = {"offload_reference": True, "offload_optimizer": True}
 SETTINGS = {
-    "A": {"param_dtype": "float32"},
-    "B": {"param_dtype": "bfloat16"},
+    "A": ({"param_dtype": "float32"}, {}),
+    "B": ({"param_dtype": "bfloat16"}, {}),
+    "C": ({"param_dtype": "bfloat16"}, OFFLOAD),
+    "D": ({"param_dtype": "bfloat16", "attention_chunk": 256}, OFFLOAD),
+    "E": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "tensor": 2}),
 }
+SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
+                 "C": "bf16 + Adam, host offload",
+                 "D": "bf16 + Adam, host offload, 256-query chunks",
+                 "E": "bf16 + Adam, host offload, FSDP x tensor 2"}
 ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 
@@ -57,19 +71,24 @@ def _config(model: str, topology: str, setting: str, layers: int | None, scan: b
                    "--topology", topology])
     c = fv.config
     c.unlock()
-    overrides = dict(dtype="bfloat16", remat="block", attention_chunk=512,
-                     logprobs_impl="chunked", scan_layers=scan, **SETTINGS[setting])
+    model_overrides, rl_overrides = SETTINGS[setting]
+    overrides = {**dict(dtype="bfloat16", remat="block", attention_chunk=512,
+                        logprobs_impl="chunked", scan_layers=scan), **model_overrides}
     if layers is not None:
         overrides["n_layers"] = layers
     cfg = get_preset(model, **overrides)
     c.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, chips, 1
+    rl_overrides = dict(rl_overrides)
+    tensor = rl_overrides.pop("tensor", 1)
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, chips // tensor, tensor
     c.task.prompt_buckets = (PROMPT,)
     c.rl.batch_prompts, c.rl.num_generations = ROWS_PROMPTS, G
     c.rl.max_new_tokens = COMPLETION
     c.rl.beta = 0.04
-    c.rl.micro_batches = ROWS_PROMPTS * G // chips  # one row per chip per micro-batch
+    c.rl.micro_batches = ROWS_PROMPTS * G // (chips // tensor)  # a row per FSDP shard
     c.kernels.backend = "auto"                      # the Pallas kernels on TPU
+    for key, value in rl_overrides.items():
+        c.rl[key] = value
     return c, cfg
 
 
@@ -134,7 +153,7 @@ def figures(result: dict) -> dict:
 
 
 def _fmt_setting(s: str) -> str:
-    return {"A": "f32 masters + Adam", "B": "bf16 weights + Adam"}[s]
+    return SETTING_NAMES[s]
 
 
 def markdown(results: list[dict], unrolled: list[dict]) -> str:
@@ -206,6 +225,8 @@ def main() -> None:
                     default=[], help="also size the unrolled stack (setting chosen)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--slices", nargs="+", default=list(SLICES))
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS),
+                    help="settings to try, in order (default: all)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "tpu_plan"))
     args = ap.parse_args()
     if args.one:
@@ -235,9 +256,9 @@ def main() -> None:
     for model in args.models:
         cfg = get_preset(model)
         for slice_name in args.slices:
-            for setting in SETTINGS:
+            for setting in args.settings:
                 r = compiled(model, slice_name, setting, cfg.n_layers)
-                if all(v["fits"] for v in figures(r).values()) or setting == list(SETTINGS)[-1]:
+                if all(v["fits"] for v in figures(r).values()) or setting == args.settings[-1]:
                     results.append(r)
                     break
     unrolled = []

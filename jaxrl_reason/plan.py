@@ -23,26 +23,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.kernels import platform as kernel_platform
 from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.reliability import tree_bytes
-from jaxrl_reason.runtime import model_config
+from jaxrl_reason.runtime import hf_model_config, model_config
 from jaxrl_reason.rl.trainer import make_logprob_fn, make_update_fn
 from jaxrl_reason.sampling.sampler import Sampler
 from jaxrl_reason.train_state import (TrainState, learning_rate_schedule, make_optimizer,
                                       opt_state_shardings)
 
 GiB = 2**30
+PROGRAMS = ("sampler", "log-prob pass", "update")  # the programs of one RL step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,9 @@ def topology_devices(topology: str) -> tuple[Chip, list]:
     if kind not in CHIPS:
         raise ValueError(f"unknown TPU generation {kind!r} in --topology {topology!r}; known: "
                          f"{sorted(CHIPS)} (e.g. v5e:2x4, v5p:2x2x1, v6e:2x4)")
+    # Compiling ahead of time needs no chip, so a training process on this host that holds
+    # libtpu's lockfile must not stop it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         import libtpu  # noqa: F401
     except ImportError:
@@ -174,6 +178,12 @@ def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
     under `shard_map`; chunked log-probs), not what this CPU host would.
     Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan]}.
     """
+    if config.get("hf_model"):  # plan the directory's architecture (config.json only)
+        resolved = ml_collections.ConfigDict(config.to_dict())
+        resolved.model = ml_collections.ConfigDict(
+            dataclasses.asdict(hf_model_config(config, 0)))
+        resolved.hf_model = ""
+        config = resolved
     with kernel_platform.target("tpu"):
         report = _plan(config, topology)
         if config.model.get("scan_layers") and config.model.n_layers > 1:
@@ -189,7 +199,8 @@ def _with_unrolled_layer_cost(config, topology, report):
     for n in (1, 2):
         small = ml_collections.ConfigDict(config.to_dict())
         small.model.n_layers, small.model.scan_layers = n, False
-        costs.append({p.name: p for p in _plan(small, topology, with_sampler=False)["programs"]})
+        costs.append({p.name: p for p in _plan(small, topology,
+                                               programs=("log-prob pass", "update"))["programs"]})
     programs = []
     for prog in report["programs"]:
         if prog.name in costs[0]:
@@ -247,13 +258,13 @@ def with_flops_floor(prog: ProgramPlan, n_dev: int, remat: str) -> ProgramPlan:
 
 
 def _plan(config: ml_collections.ConfigDict, topology: str,
-          with_sampler: bool = True) -> dict[str, Any]:
+          programs: tuple[str, ...] = PROGRAMS) -> dict[str, Any]:
+    wanted = programs
     chip, devices = topology_devices(topology)
     mesh = shd.make_mesh(dict(config.mesh), devices)
     rules = tuple((n, tuple(a) if isinstance(a, (list, tuple)) else a)
                   for n, a in config.sharding_rules)
-    vocab = config.model.vocab_size or config.tokenizer.vocab_size
-    cfg = model_config(config.model, vocab)
+    cfg = model_config(config.model, config.model.vocab_size or config.tokenizer.vocab_size)
     model = Transformer(cfg)
     rl = config.rl
     shardings = param_shardings(cfg, mesh, rules)
@@ -268,7 +279,7 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
 
     # 1. Sampler: prefill P prompts, decode L tokens for N rows.
     n_dev = len(devices)
-    if with_sampler:
+    if "sampler" in wanted:
         programs.append(_sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
                                          n_dev))
 
@@ -276,9 +287,10 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     rollout = (_sds((n, tp), jnp.int32, batch_sharding(2)), _sds((n, tp), bool, batch_sharding(2)),
                _sds((n, length), jnp.int32, batch_sharding(2)),
                _sds((n, length), jnp.float32, batch_sharding(2)))
-    logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
-    programs.append(_compile("log-prob pass", logprob.lower(params, *rollout), (params, rollout),
-                             2 * num_params * n * (tp + length), n_dev))
+    if "log-prob pass" in wanted:
+        logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
+        programs.append(_compile("log-prob pass", logprob.lower(params, *rollout),
+                                 (params, rollout), 2 * num_params * n * (tp + length), n_dev))
 
     # 3. The update: forward + backward + AdamW on all N rows.
     optimizer = make_optimizer(learning_rate_schedule(rl.learning_rate, rl.warmup_steps,
@@ -299,13 +311,18 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
         batch["old_logp"] = _sds((n, length), jnp.float32, batch_sharding(2))
     update = make_update_fn(model, optimizer, rl, mesh, rules,
                             kernel_backend=config.kernels.backend)
-    programs.append(_compile("update", update.lower(state, batch), (state, batch),
-                             6 * num_params * n * (tp + length), n_dev))
+    if "update" in wanted:
+        programs.append(_compile("update", update.lower(state, batch), (state, batch),
+                                 6 * num_params * n * (tp + length), n_dev))
 
     # What else lives on the chip while each program runs; the micro-batch loops' cost.
+    # With rl.offload_optimizer / rl.offload_reference those wait in host memory instead.
     opt_bytes, ref_bytes = _arg_bytes(opt_state), _arg_bytes(params) if rl.beta > 0 else 0.0
-    resident = {"sampler": opt_bytes + ref_bytes, "log-prob pass": opt_bytes + ref_bytes,
-                "update": ref_bytes}
+    opt_out = 0.0 if rl.get("offload_optimizer", False) else opt_bytes
+    ref_out = 0.0 if rl.get("offload_reference", False) else ref_bytes
+    # During the reference pass the reference is the argument and the policy stays resident.
+    resident = {"sampler": opt_out + ref_out, "log-prob pass": opt_out + ref_bytes,
+                "update": ref_out}
     k = int(rl.micro_batches)
     for i, prog in enumerate(programs):
         changes = {"resident_bytes": resident[prog.name]}
@@ -327,7 +344,10 @@ def advice(report: dict[str, Any]) -> list[str]:
         if prog.total_bytes <= chip.hbm_bytes:
             continue
         over = prog.total_bytes / chip.hbm_bytes
-        if prog.name == "sampler":
+        if prog.resident_bytes > 0 and prog.total_bytes - prog.resident_bytes <= chip.hbm_bytes:
+            out.append(f"{prog.name} fits without the arrays it does not read: keep them in "
+                       "host memory (rl.offload_reference, rl.offload_optimizer)")
+        elif prog.name == "sampler":
             out.append(f"sampler needs {over:.1f}x the HBM: shard the KV cache over more "
                        "devices (mesh.fsdp / mesh.tensor), fewer rows per call "
                        "(rl.batch_prompts), or a bf16 KV cache")
@@ -362,7 +382,8 @@ def format_report(report: dict[str, Any]) -> str:
     notes = [f"- {p.name}: {p.note}" for p in report["programs"] if p.note]
     notes.append("- other resident: arrays that stay on the chip while the program runs "
                  "(optimizer state during sampling and scoring; the reference params when "
-                 "rl.beta > 0)")
+                 "rl.beta > 0), unless rl.offload_optimizer / rl.offload_reference keep them "
+                 "in host memory")
     fits = all(p.total_bytes <= chip.hbm_bytes for p in report["programs"])
     lines += ["", *notes, "", "fits: yes" if fits else "fits: NO"]
     lines += [f"- {a}" for a in advice(report)]

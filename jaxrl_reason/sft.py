@@ -20,14 +20,15 @@ from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
-from jaxrl_reason.reliability import Preempted, SkipGuard, apply_if_finite, stop_requested
+from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.data.tasks import task_source
 from jaxrl_reason.runtime import Runtime
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.sampling.sampler import right_pad, round_up
-from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
-                                      learning_rate_schedule, make_optimizer)
+from jaxrl_reason.train_state import (TrainState, apply_gradients_if_finite,
+                                      create_train_state, learning_rate_schedule,
+                                      make_optimizer)
 
 
 def sft_examples(source: Sequence[Mapping[str, Any]], limit: int) -> Sequence[Mapping[str, Any]]:
@@ -97,8 +98,7 @@ def make_sft_step(model, optimizer, mesh=None, rules=()):
     def step(state: TrainState, batch):
         grad_fn = jax.value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
-        new_state, grad_norm = apply_gradients(state, grads, optimizer)
-        state, ok = apply_if_finite(state, new_state, loss, grad_norm)
+        state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
     return jax.jit(shd.with_activation_sharding(step, mesh, rules), donate_argnums=0)

@@ -222,6 +222,18 @@ def put_replicated(mesh: Mesh, array: np.ndarray) -> jax.Array:
     return jax.make_array_from_callback(array.shape, replicated(mesh), lambda idx: array[idx])
 
 
+def to_memory(tree: Any, kind: str) -> Any:
+    """`tree`'s arrays moved to memory `kind` ("device" or "pinned_host": host RAM the chip
+    reads by DMA), each keeping its sharding's layout; leaves already there are returned
+    as they are. Host offload frees HBM for arrays a program does not read (the frozen
+    reference during the update, the optimizer state while sampling)."""
+    def move(x):
+        if not isinstance(x, jax.Array) or x.sharding.memory_kind == kind:
+            return x
+        return jax.device_put(x, x.sharding.with_memory_kind(kind))
+    return jax.tree.map(move, tree)
+
+
 # ----------------------------------------------------------------------------- activations
 # The model knows no mesh; the jitted steps (update, log-prob pass, sampler, SFT) trace it
 # inside `activation_sharding(mesh, rules)`, and `constrain` then pins its activations

@@ -95,3 +95,20 @@ def apply_gradients(state: TrainState, grads: Any,
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), optax.tree.norm(grads)
+
+
+def apply_gradients_if_finite(state: TrainState, grads: Any, loss: jax.Array,
+                              optimizer: optax.GradientTransformation
+                              ) -> tuple[TrainState, jax.Array, jax.Array]:
+    """(state, grad_norm, ok): one optimizer update when `loss` and the gradient norm are
+    finite, else `state` unchanged (params, optimizer state and step). Call inside jit.
+
+    The update runs inside `lax.cond` rather than as a select between the old and the new
+    state: a select needs both states alive at once (params and optimizer state twice),
+    while the conditional's branch updates the donated buffers in place.
+    """
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    state = jax.lax.cond(ok, lambda s: apply_gradients(s, grads, optimizer)[0],
+                         lambda s: s, state)
+    return state, grad_norm, ok

@@ -1,7 +1,11 @@
 """`jaxrl-reason plan`: ahead-of-time compilation of the RL step for a real TPU slice from
 this CPU (needs libtpu: `pip install 'jaxrl-reason[tpu]'`, which CI installs)."""
 import importlib.util
+import json
+import math
 import os
+
+import jax
 
 import pytest
 
@@ -9,6 +13,7 @@ from jaxrl_reason.cli import main, parse
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join(REPO, "configs", "arith_grpo.py")
+QWEN = os.path.join(REPO, "configs", "qwen2_5_1_5b_gsm8k_grpo.py")
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install "
                                          "'jaxrl-reason[tpu]'); CI installs it")
@@ -64,6 +69,41 @@ def test_plan_reports_a_program_that_does_not_fit_and_what_would_help():
     _, fv = parse(args)
     lean = planner.plan(fv.config, "v5e:2x2")["programs"][-1]
     assert lean.total_bytes < report["chip"].hbm_bytes < update.total_bytes
+
+
+@needs_libtpu
+def test_plan_sizes_a_real_model_config_from_its_config_json_with_host_offload(tmp_path):
+    """The Qwen2.5-1.5B config's v5e-8 target, sized from a model directory holding only a
+    config.json (no weights, no tokenizer): the plan compiles the directory's architecture
+    with the config's knobs (scanned layers, bf16, remat, chunked log-probs, Pallas kernels,
+    FSDP over 8 chips), and with host offload neither the reference nor the optimizer state
+    is resident while the sampler and the update run. The architecture is Qwen2.5's family
+    (QKV bias, tied embeddings, grouped KV heads) at a small width and 2 layers, so the test
+    compiles in seconds; benchmarks/tpu_plan.py sizes the published shapes."""
+    from jaxrl_reason import plan as planner
+    from jaxrl_reason.models.config import get_preset
+    from jaxrl_reason.models.hf_config import hf_config
+    from jaxrl_reason.models.params import abstract_params
+
+    cfg = get_preset("qwen2.5-1.5b", n_layers=2, d_model=256, n_heads=4, n_kv_heads=2,
+                     head_dim=64, mlp_hidden=512, vocab_size=8192)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(hf_config(cfg), f)
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(cfg)))
+    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{QWEN}:v5e-8", "--topology",
+                   "v5e:2x4", f"--config.hf_model={tmp_path}", "--config.rl.max_new_tokens=256",
+                   "--config.rl.offload_reference=True", "--config.rl.offload_optimizer=True"])
+    report = planner.plan(fv.config, "v5e:2x4")
+    assert report["params"] == num_params and report["mesh"]["fsdp"] == 8
+    programs = {p.name: p for p in report["programs"]}
+    assert list(programs) == ["sampler", "log-prob pass", "update"]
+    assert programs["update"].mosaic_calls > 0  # the Pallas loss kernel, compiled by Mosaic
+    # Host offload: only the policy stays on the chips beside the reference pass's argument.
+    assert programs["sampler"].resident_bytes == 0 and programs["update"].resident_bytes == 0
+    policy = programs["log-prob pass"].resident_bytes  # f32 params over 8 chips (a few
+    assert policy == pytest.approx(num_params * 4 / 8, rel=0.02)  # small leaves replicated)
+    out = planner.format_report(report)
+    assert f"{num_params:,} params" in out and "fits: yes" in out
 
 
 @needs_libtpu

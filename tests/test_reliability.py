@@ -32,6 +32,32 @@ def test_apply_if_finite_keeps_the_old_state_on_nan_or_inf():
         assert int(state["step"]) == 4
 
 
+def test_apply_gradients_if_finite_updates_only_on_a_finite_loss_and_gradient():
+    """The optimizer step runs inside lax.cond: finite -> one AdamW step (step + 1, moments
+    moved, as `apply_gradients` computes it); NaN/inf loss or gradient -> the same state."""
+    import optax
+
+    from jaxrl_reason.train_state import (apply_gradients, apply_gradients_if_finite,
+                                          create_train_state, make_optimizer)
+
+    opt = make_optimizer(1e-2, weight_decay=0.0, max_grad_norm=1.0)
+    state = create_train_state({"w": jnp.arange(3.0), "b": jnp.ones(2)}, opt)
+    fn = jax.jit(lambda s, g, loss: apply_gradients_if_finite(s, g, loss, opt))
+    grads = {"w": jnp.array([0.5, -1.0, 2.0]), "b": jnp.array([0.1, 0.2])}
+    new, norm, ok = fn(state, grads, jnp.float32(1.0))
+    expected, expected_norm = jax.jit(lambda s, g: apply_gradients(s, g, opt))(state, grads)
+    assert bool(ok) and int(new.step) == 1
+    assert float(norm) == pytest.approx(float(optax.tree.norm(grads)))
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(a, b)
+    for loss, bad in ((jnp.nan, None), (1.0, jnp.inf), (-jnp.inf, jnp.nan)):
+        g = grads if bad is None else {**grads, "b": jnp.array([bad, 0.0])}
+        kept, _, ok = fn(state, g, jnp.float32(loss))
+        assert not bool(ok) and int(kept.step) == 0
+        for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(state)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_skip_guard_counts_consecutive_skips_and_names_the_batch(capsys):
     guard = SkipGuard("rl", max_consecutive=3)
     guard.update(1, True, "non-finite loss", ["a-1", "a-2"])
