@@ -16,6 +16,14 @@ The written file is a generic {prompt, answer} JSONL with a "completion" per rec
 format `data.files.read_examples` reads and the "file" task trains SFT on
 (`read_sft_jsonl`); `student_config` is the run config that does so.
 
+`jaxrl-reason distill` and a pipeline's distill stage run the same parts resumably from a
+`DistillSettings` (a config's `distill` block, then flags): `sample_distill_data` (the
+JSONL's presence marks it done), `train_student` (resumes from the student's checkpoints),
+and `run_distill`, which also evaluates teacher and student on the held-out sets:
+
+    settings = settings_from(config, num_samples=4, keep="shortest")
+    report = run_distill(rt, teacher_params, "runs/x_distill", settings)  # distill.json
+
 Departures from DeepSeek-R1, on purpose:
 - Only rule-verified data: R1 also kept non-reasoning SFT data and judged some prompts
   with a generative reward model (DeepSeek-V3); here a completion is kept when every
@@ -41,12 +49,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxrl_reason import distributed
+from jaxrl_reason import distributed, paths
 from jaxrl_reason.data.files import FileSource, read_examples
-from jaxrl_reason.data.tasks import task_verifier
+from jaxrl_reason.data.tasks import task_source, task_verifier
 from jaxrl_reason.metrics import MetricsWriter
-from jaxrl_reason.models.config import ModelConfig
-from jaxrl_reason.rewards.pool import RewardPool
+from jaxrl_reason.models.config import ModelConfig, get_preset
+from jaxrl_reason.rewards.pool import RewardPool, import_reward_modules
 from jaxrl_reason.runtime import Runtime, build_runtime
 from jaxrl_reason.sft import run_sft
 from jaxrl_reason.validation import check_config
@@ -171,7 +179,8 @@ def rejection_sample(rt: Runtime, params, examples: Sequence[Mapping[str, Any]],
                      num_samples: int, max_new_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                      batch_prompts: int = 16, keep: str = "all",
-                     verifiers: Sequence[str] | None = None, drop_truncated: bool = True,
+                     verifiers: Sequence[str] | None = None, verify: bool = True,
+                     drop_truncated: bool = True,
                      dedupe: bool = True) -> tuple[list[dict], DistillStats]:
     """Samples `num_samples` completions per example with `rt.sampler` and keeps the verified.
 
@@ -185,6 +194,8 @@ def rejection_sample(rt: Runtime, params, examples: Sequence[Mapping[str, Any]],
         every call has one shape).
       keep, drop_truncated, dedupe: see `select_completions`.
       verifiers: reward names that must all accept; None: the task's verifier.
+      verify: False accepts every sample unverified (sequence-level knowledge distillation,
+        Kim & Rush 2016: SFT on the teacher's samples; "correct" then counts all of them).
     Returns:
       (records, stats): `select_completions` records and a DistillStats. On multi-host every
       process returns the same (process 0's verdicts).
@@ -210,9 +221,12 @@ def rejection_sample(rt: Runtime, params, examples: Sequence[Mapping[str, Any]],
     lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
     truncated = np.concatenate(truncated) if truncated else np.zeros(0, bool)
     rows = [ex for ex in examples for _ in range(num_samples)]
-    correct = distributed.broadcast_from_primary(verify_completions(
-        texts, rows, verifiers, num_workers=rt.config.rewards.num_workers,
-        timeout_s=rt.config.rewards.timeout_s))
+    if verify:
+        correct = distributed.broadcast_from_primary(verify_completions(
+            texts, rows, verifiers, num_workers=rt.config.rewards.num_workers,
+            timeout_s=rt.config.rewards.timeout_s))
+    else:
+        correct = np.ones(len(texts), bool)
     records = select_completions(examples, texts, lengths, correct, num_samples=num_samples,
                                  keep=keep, truncated=truncated,
                                  drop_truncated=drop_truncated, dedupe=dedupe)
@@ -332,3 +346,241 @@ def distill_student(config: ml_collections.ConfigDict, data_path: str, workdir: 
         if own_writer:
             writer.close()
     return params, rt
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+    """What `jaxrl-reason distill` and a pipeline's distill stage do (a config's optional
+    `distill` block holds the same fields).
+
+    Attributes:
+      num_prompts: training prompts of the task sampled from the teacher.
+      num_samples: completions per prompt.
+      keep: "all" (every verified completion) or "shortest" (one per prompt, long2short).
+      max_new_tokens: the teacher's token budget; 0 = config.rl.max_new_tokens.
+      temperature, top_p: the teacher's sampling.
+      batch_prompts: prompts per sampler call.
+      seed: sampling seed (the prompts are the task's training split, drawn with
+        config.seed + 2).
+      verifiers: reward names that must all accept a completion; () = the task's verifier.
+      verify: False keeps every sample unverified (sequence-level distillation).
+      drop_truncated, dedupe: see `select_completions`.
+      student_preset: the student's model preset ("" = the teacher's model).
+      student_init: "random" (a fresh student, as R1 distills into new models) or "teacher"
+        (start from the teacher's weights: rejection-sampling fine-tuning of one model, R1's
+        third stage).
+      student_steps: the student's SFT steps; 0 = config.sft.steps.
+      student_learning_rate: its peak SFT rate; 0 = config.sft.learning_rate.
+    """
+    num_prompts: int = 256
+    num_samples: int = 8
+    keep: str = "all"
+    max_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_prompts: int = 16
+    seed: int = 0
+    verifiers: tuple[str, ...] = ()
+    verify: bool = True
+    drop_truncated: bool = True
+    dedupe: bool = True
+    student_preset: str = ""
+    student_init: str = "random"
+    student_steps: int = 0
+    student_learning_rate: float = 0.0
+
+
+STUDENT_INITS = ("random", "teacher")
+
+
+def settings_from(config: ml_collections.ConfigDict, **overrides: Any) -> DistillSettings:
+    """DistillSettings from the defaults, `config.distill` (when the config has that block)
+    and `overrides` whose value is not None, in that order. Raises ValueError listing every
+    unknown field and bad value."""
+    fields = {f.name for f in dataclasses.fields(DistillSettings)}
+    values: dict[str, Any] = {}
+    block = config.get("distill") or {}
+    values.update(dict(block.to_dict() if hasattr(block, "to_dict") else block))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"distill: unknown setting(s) {unknown}; known: {sorted(fields)}")
+    if isinstance(values.get("verifiers"), str):
+        values["verifiers"] = tuple(v for v in values["verifiers"].split(",") if v)
+    values["verifiers"] = tuple(values.get("verifiers", ()))
+    s = DistillSettings(**values)
+    problems = []
+    for name in ("num_prompts", "num_samples", "batch_prompts"):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            problems.append(f"distill.{name}: must be a positive integer, got {value!r}")
+    for name in ("max_new_tokens", "student_steps"):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            problems.append(f"distill.{name}: must be an integer >= 0, got {value!r}")
+    if s.keep not in KEEP:
+        problems.append(f"distill.keep: must be one of {list(KEEP)}, got {s.keep!r}")
+    if s.student_init not in STUDENT_INITS:
+        problems.append(f"distill.student_init: must be one of {list(STUDENT_INITS)}, got "
+                        f"{s.student_init!r}")
+    if s.student_preset and s.student_init == "teacher":
+        problems.append("distill.student_preset: a student initialized from the teacher has "
+                        "the teacher's model; leave the preset empty or use student_init=random")
+    if s.student_preset:
+        try:
+            get_preset(s.student_preset)
+        except ValueError as e:
+            problems.append(f"distill.student_preset: {e}")
+    if not 0.0 < s.temperature <= 10.0:
+        problems.append(f"distill.temperature: must be in (0, 10], got {s.temperature!r}")
+    if not 0.0 < s.top_p <= 1.0:
+        problems.append(f"distill.top_p: must be in (0, 1], got {s.top_p!r}")
+    if not 0.0 <= s.student_learning_rate <= 1.0:
+        problems.append(f"distill.student_learning_rate: must be in [0, 1], got "
+                        f"{s.student_learning_rate!r}")
+    if problems:
+        raise ValueError("invalid distill settings:\n  - " + "\n  - ".join(problems))
+    return s
+
+
+def budget(config: ml_collections.ConfigDict, settings: DistillSettings) -> int:
+    """The teacher's token budget: settings.max_new_tokens, else config.rl.max_new_tokens."""
+    return settings.max_new_tokens or int(config.rl.max_new_tokens)
+
+
+def distill_prompts(config: ml_collections.ConfigDict, settings: DistillSettings) -> list[dict]:
+    """The first `settings.num_prompts` examples of the task's training split (seed
+    config.seed + 2; a file task may have fewer)."""
+    source = task_source(config, "train", config.task.train_levels, settings.num_prompts,
+                         seed=config.seed + 2)
+    return [source[i] for i in range(min(settings.num_prompts, len(source)))]
+
+
+def stats_path(data_path: str) -> str:
+    """Where the DistillStats of a distilled JSONL are kept: <stem>_stats.json beside it."""
+    return os.path.splitext(data_path)[0] + "_stats.json"
+
+
+def sample_distill_data(rt: Runtime, params, data_path: str,
+                        settings: DistillSettings) -> tuple[DistillStats, bool]:
+    """Rejection-samples the teacher (`rt`, `params`) into `data_path`, resumably.
+
+    When `data_path` and its stats file exist (an earlier run finished this part), nothing
+    is sampled. Otherwise the stats are written first and the JSONL last (atomically), so
+    the JSONL's presence marks a finished part.
+    Returns (stats, reused): reused is True when the earlier data was kept.
+    Raises ValueError when no completion was kept (the stats are still written).
+    """
+    stats_file = stats_path(data_path)
+    if os.path.isfile(data_path) and os.path.isfile(stats_file):
+        with open(stats_file) as f:
+            return DistillStats(**json.load(f)), True
+    import_reward_modules(tuple(rt.config.rewards.get("modules", ())))  # user verifiers
+    records, stats = rejection_sample(
+        rt, params, distill_prompts(rt.config, settings), num_samples=settings.num_samples,
+        max_new_tokens=budget(rt.config, settings), temperature=settings.temperature,
+        top_p=settings.top_p, seed=settings.seed, batch_prompts=settings.batch_prompts,
+        keep=settings.keep, verifiers=settings.verifiers or None, verify=settings.verify,
+        drop_truncated=settings.drop_truncated, dedupe=settings.dedupe)
+    if distributed.is_primary():
+        paths.write_text_atomic(stats_file, json.dumps(stats.to_dict(), indent=1))
+    if not records:
+        raise ValueError(
+            f"rejection sampling kept no completion: {stats.correct} of {stats.samples} "
+            f"samples verified ({', '.join(settings.verifiers) or task_verifier(rt.config)}), "
+            f"{stats.truncated} hit the {budget(rt.config, settings)}-token budget; sample "
+            f"more (num_samples, num_prompts), raise max_new_tokens or use a stronger teacher")
+    write_sft_jsonl(data_path, records)
+    return stats, False
+
+
+def train_student(config: ml_collections.ConfigDict, data_path: str, workdir: str, *,
+                  tokenizer, teacher_params, teacher_model: ModelConfig,
+                  settings: DistillSettings,
+                  writer: MetricsWriter | None = None) -> tuple[Any, Runtime]:
+    """SFTs the student of `settings` on `data_path` in `workdir` (`distill_student`),
+    resuming from its checkpoints: a finished student is loaded, not retrained.
+
+    With student_init "teacher" the teacher's params become the student's starting point
+    (and are donated to its first update). The student's completion budget covers the
+    teacher's (`budget` + 16 tokens for re-tokenization). Returns (params, runtime).
+    """
+    model = get_preset(settings.student_preset) if settings.student_preset else teacher_model
+    sft: dict[str, Any] = {"max_completion_length": max(int(config.sft.max_completion_length),
+                                                        budget(config, settings) + 16)}
+    if settings.student_steps:
+        sft["steps"] = settings.student_steps
+        sft["warmup_steps"] = min(int(config.sft.warmup_steps), settings.student_steps // 10)
+    if settings.student_learning_rate:
+        sft["learning_rate"] = settings.student_learning_rate
+    init = teacher_params if settings.student_init == "teacher" else None
+    return distill_student(config, data_path, workdir, tokenizer=tokenizer, model=model,
+                           sft=sft, init_params=init, writer=writer, resume=True)
+
+
+def same_model_runtime(rt: Runtime, other: Runtime) -> Runtime:
+    """`rt` (its config, task and eval settings) running `other`'s model and sampler, or
+    `rt` itself when the models are equal (so its compiled sampler is reused)."""
+    if other.model_cfg == rt.model_cfg:
+        return rt
+    return dataclasses.replace(rt, model_cfg=other.model_cfg, model=other.model,
+                               sampler=other.sampler)
+
+
+def summarize(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """{set name: {"accuracy": pass@1 mean, "mean_length": tokens}} of an
+    `eval_runner.evaluate` report."""
+    return {name: {"accuracy": float(s["pass@1"]["mean"]),
+                   "mean_length": float(s["mean_length"]["mean"])}
+            for name, s in report["sets"].items()}
+
+
+def run_distill(rt: Runtime, teacher_params, workdir: str, settings: DistillSettings, *,
+                teacher_checkpoint: str = "") -> dict[str, Any]:
+    """`jaxrl-reason distill`: sample -> filter -> SFT a student -> evaluate both.
+
+    Every part resumes: `<workdir>/distill.jsonl` present -> no sampling; a finished
+    student checkpoint (`<workdir>/checkpoints/sft`) -> no training; evaluations already in
+    `<workdir>/distill.json` -> not redone. The teacher and the student are evaluated on
+    the held-out sets of `rt.config` (as `jaxrl-reason eval` does).
+    Returns the report written to `<workdir>/distill.json`: "distill" (DistillStats and
+    "kept_fraction" = kept / samples), "reports" {"teacher", "student"} (evaluation
+    reports), "summary" (accuracy and mean length per set), "table" (markdown), "settings".
+    """
+    from jaxrl_reason import eval_runner  # evaluation sits above distillation's pieces
+    report_path = paths.join(workdir, "distill.json")
+    target = paths.as_path(report_path)
+    earlier = json.loads(target.read_text()) if target.is_file() else {}
+    reports = distributed.broadcast_from_primary(earlier.get("reports", {}))
+    report: dict[str, Any] = {"teacher_checkpoint": teacher_checkpoint,
+                              "settings": dataclasses.asdict(settings), "reports": reports}
+
+    def save():
+        if distributed.is_primary():
+            paths.write_text_atomic(report_path, json.dumps(report, indent=1, default=float))
+
+    progress = rt.config.log.progress_bar
+    if "teacher" not in reports:  # before the student: a student_init=teacher run donates
+        reports["teacher"] = eval_runner.evaluate(rt, teacher_params, label="/teacher",
+                                                  progress=progress)
+        save()
+    data_path = paths.join(workdir, "distill.jsonl")
+    stats, reused = sample_distill_data(rt, teacher_params, data_path, settings)
+    report["distill"] = {**stats.to_dict(), "reused": reused,
+                         "kept_fraction": stats.kept / max(stats.samples, 1)}
+    save()
+    params, student_rt = train_student(rt.config, data_path, workdir, tokenizer=rt.tokenizer,
+                                       teacher_params=teacher_params,
+                                       teacher_model=rt.model_cfg, settings=settings)
+    report["student_model"] = dataclasses.asdict(student_rt.model_cfg)
+    if "student" not in reports:
+        reports["student"] = eval_runner.evaluate(same_model_runtime(rt, student_rt), params,
+                                                  label="/student", progress=progress)
+    report["summary"] = {"kept_fraction": report["distill"]["kept_fraction"],
+                         **{name: summarize(r) for name, r in reports.items()}}
+    report["table"] = eval_runner.comparison_table(reports, rt.config.eval.num_samples)
+    save()
+    return report

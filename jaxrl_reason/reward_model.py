@@ -8,7 +8,9 @@ response, in the sampler's layout (prompt left-padded to a bucket, response righ
 
 It is trained with the Bradley-Terry loss on (prompt, chosen, rejected) pairs read from a
 local JSONL file, and then scores rollouts on device, on the RL run's mesh, as a reward
-component: `make_score_fn(model_cfg)(rm_params, *rollout.scoring_args())` -> f32 [N].
+component: `make_score_fn(model_cfg)(rm_params, *rollout.scoring_args())` -> f32 [N]
+(`rl.rm_reward` does that inside `RLTrainer.score` when `config.rewards.reward_model_dir` is
+set; `jaxrl-reason reward-model` trains and saves one from a JSONL file).
 
     pairs = read_preference_pairs("prefs.jsonl")          # or arithmetic_preference_pairs(...)
     params, history = train_reward_model(model_cfg, tokenizer, pairs, mesh=mesh, rules=rules,
@@ -217,6 +219,28 @@ def arithmetic_preference_pairs(num_pairs: int, *, split: str = "train",
     return pairs
 
 
+def split_pairs(pairs: Sequence[Pair], eval_fraction: float, *,
+                seed: int = 0) -> tuple[list[Pair], list[Pair]]:
+    """(train, held_out): a seeded random `eval_fraction` of `pairs` is held out (at least
+    one pair, and at least one left to train on). Pairs sharing a prompt go to the same side,
+    so held-out accuracy is measured on prompts the model never saw.
+
+    Raises ValueError when `eval_fraction` is not in (0, 1) or there are fewer than two
+    distinct prompts.
+    """
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
+    prompts = list(dict.fromkeys(p["prompt"] for p in pairs))
+    if len(prompts) < 2:
+        raise ValueError(f"cannot hold out pairs: the {len(pairs)} pairs have "
+                         f"{len(prompts)} distinct prompt(s); give --eval_data instead")
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    n_eval = min(max(1, round(eval_fraction * len(prompts))), len(prompts) - 1)
+    held = {prompts[i] for i in order[:n_eval]}
+    return ([p for p in pairs if p["prompt"] not in held],
+            [p for p in pairs if p["prompt"] in held])
+
+
 # ----------------------------------------------------------------------------- tokenization
 
 
@@ -251,6 +275,32 @@ class RewardTrainConfig:
     length_bucket: int = 16
     eval_every: int = 0
     seed: int = 0
+
+
+def train_config_from(config, **overrides: Any) -> RewardTrainConfig:
+    """The RewardTrainConfig of a run config: the dataclass defaults, then the fields of an
+    optional `config.reward_model` block, then `overrides` whose value is not None; the
+    prompt buckets are the run's `task.prompt_buckets` unless given. ValueError naming an
+    unknown field or a bad value."""
+    fields = {f.name for f in dataclasses.fields(RewardTrainConfig)}
+    values: dict[str, Any] = {"prompt_buckets": tuple(config.task.prompt_buckets)}
+    block = config.get("reward_model") or {}
+    values.update(dict(block.to_dict() if hasattr(block, "to_dict") else block))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"reward model: unknown training field(s) {unknown}; known: "
+                         f"{sorted(fields)}")
+    values["prompt_buckets"] = tuple(values["prompt_buckets"])
+    cfg = RewardTrainConfig(**values)
+    for name in ("steps", "batch_size", "max_response_length", "length_bucket"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"reward model {name} must be a positive integer, got {value!r}")
+    if not 0.0 < cfg.learning_rate <= 1.0:
+        raise ValueError(f"reward model learning_rate must be in (0, 1], got "
+                         f"{cfg.learning_rate!r}")
+    return cfg
 
 
 def encode_responses(tokenizer, prompts: Sequence[str], responses: Sequence[str], *,
@@ -564,3 +614,4 @@ def load_reward_model(directory: str, mesh: Mesh, rules: Iterable[tuple[str, Any
         tree, meta = ckpt.restore(step, abstract_state_fn=target)
     return (tree["params"], ModelConfig(**meta["model_config"]),
             tokenizer_from_serialized(meta["tokenizer"]), meta)
+

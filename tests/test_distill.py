@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_reason import distill
+from jaxrl_reason import cli, distill
 from jaxrl_reason.cli import parse
 from jaxrl_reason.data.arithmetic import make_example
 from jaxrl_reason.data.tasks import task_source
@@ -23,6 +23,7 @@ from jaxrl_reason.sft import sft_batch, sft_examples
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, "configs", "arith_grpo.py") + ":smoke"
+PIPELINE = os.path.join(REPO, "configs", "r1_pipeline.py")
 
 
 @register_reward("distill_test_nonempty", overwrite=True)
@@ -181,3 +182,86 @@ def test_sample_filter_and_sft_a_student(tmp_path):
     # The batch the student trained on is the teacher's text under the shared tokenizer.
     batch = sft_batch(student_rt, records[:2], 96, 16)
     assert rt.tokenizer.decode(batch["completion_tokens"][0]) == records[0]["completion"]
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_settings_from_defaults_config_block_and_overrides():
+    _, fv = parse(["jaxrl-reason", "sft", "--config", SMOKE])  # no distill block
+    assert distill.settings_from(fv.config) == distill.DistillSettings()
+    s = distill.settings_from(fv.config, num_samples=3, keep=None, verifiers="a,b")
+    assert (s.num_samples, s.keep, s.verifiers) == (3, "all", ("a", "b"))
+    assert distill.budget(fv.config, s) == fv.config.rl.max_new_tokens
+    _, fv = parse(["jaxrl-reason", "pipeline", "--config", PIPELINE + ":smoke"])
+    assert distill.settings_from(fv.config).student_init == "teacher"  # its distill block
+    with pytest.raises(ValueError) as e:
+        distill.settings_from(fv.config, keep="longest", num_samples=0, student_preset="nope")
+    text = str(e.value)
+    assert "distill.keep: must be one of ['all', 'shortest'], got 'longest'" in text
+    assert "distill.num_samples: must be a positive integer, got 0" in text
+    assert "a student initialized from the teacher has the teacher's model" in text
+    assert "unknown model preset 'nope'" in text
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['samples'\]"):
+        distill.settings_from(fv.config, samples=3)
+
+
+def _cli(*args: str) -> int:
+    try:
+        return cli.main(["jaxrl-reason", *args])
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.slow
+def test_distill_command_end_to_end_then_resumes(tmp_path, capsys):
+    """A 4-step SFT teacher -> 8 prompts x 2 unverified samples -> a 2-step student, both
+    evaluated; a rerun reuses the data, the student and the evaluations."""
+    quiet = ("--config.log.progress_bar=False", "--config.log.tensorboard=False")
+    teacher, workdir = str(tmp_path / "teacher"), str(tmp_path / "distill")
+    assert _cli("sft", "--config", SMOKE, "--workdir", teacher, *quiet) == 0
+    args = ("distill", "--checkpoint", teacher, "--config", SMOKE, "--workdir", workdir,
+            "--num_prompts", "8", "--num_samples", "2", "--max-new-tokens", "16",
+            "--noverify", "--nodrop_truncated", "--student_preset", "test",
+            "--student_steps", "2", "--config.eval.num_problems=8", "--config.eval.seeds=(0,)",
+            "--config.eval.batch_prompts=8", *quiet)
+    capsys.readouterr()
+    assert _cli(*args) == 0
+    printed = capsys.readouterr().out
+    with open(os.path.join(workdir, "distill.json")) as f:
+        report = json.load(f)
+    d = report["distill"]
+    assert (d["prompts"], d["samples"], d["kept"], d["kept_fraction"]) == (8, 16, 16, 1.0)
+    assert d["reused"] is False and report["teacher_checkpoint"].endswith("checkpoints/sft")
+    summary = report["summary"]
+    assert summary["kept_fraction"] == 1.0
+    for who in ("teacher", "student"):
+        assert set(summary[who]) == {"levels 1-3 (held-out)", "level 4"}
+        for values in summary[who].values():
+            assert 0.0 <= values["accuracy"] <= 1.0 and 0 < values["mean_length"] <= 32
+    assert "student: level 4" in report["table"] and "teacher: levels 1-3" in printed
+    assert "kept 16 of 16 samples (100.0%" in printed
+    with open(os.path.join(workdir, "distill.jsonl")) as f:
+        assert len(f.readlines()) == 16
+    student = os.path.join(workdir, "checkpoints", "sft")
+    from jaxrl_reason.checkpointing import Checkpointer
+    assert Checkpointer(student).latest_step() == 2
+    metrics, data_mtime = (open(os.path.join(workdir, "metrics.jsonl")).read(),
+                           os.path.getmtime(os.path.join(workdir, "distill.jsonl")))
+
+    # The same command again: nothing is sampled, trained or evaluated twice.
+    assert _cli(*args) == 0
+    assert "(reused)" in capsys.readouterr().out
+    assert open(os.path.join(workdir, "metrics.jsonl")).read() == metrics
+    assert os.path.getmtime(os.path.join(workdir, "distill.jsonl")) == data_mtime
+    with open(os.path.join(workdir, "distill.json")) as f:
+        again = json.load(f)
+    assert again["reports"] == report["reports"] and again["distill"]["reused"] is True
+
+    # Bad input: one line each.
+    assert _cli("distill", "--checkpoint", teacher, "--keep", "longest") == 2
+    assert _cli("distill", "--checkpoint", teacher, "--workdir", workdir,
+                "--student_preset", "nope") == 1
+    assert "unknown model preset 'nope'" in capsys.readouterr().err
+    assert _cli("distill", "--checkpoint", str(tmp_path / "none")) == 1
+    assert "does not exist" in capsys.readouterr().err

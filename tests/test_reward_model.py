@@ -232,3 +232,30 @@ def test_save_and_load(rt, model_cfg, trained, tmp_path):
         ckpt.save(1, {"params": {"w": np.zeros(2, np.float32)}}, {"phase": "sft"})
     with pytest.raises(ValueError, match="not a reward model"):
         rm.load_reward_model(str(tmp_path / "policy"), rt.mesh, rt.rules)
+
+
+# ----------------------------------------------------------------------------- command helpers
+
+
+def test_split_pairs_holds_out_whole_prompts():
+    pairs = rm.arithmetic_preference_pairs(40, corruption=rm.CORRUPTIONS)
+    pairs += [dict(pairs[0], id="dup", rejected=pairs[0]["rejected"] + " x")]  # same prompt
+    train, held = rm.split_pairs(pairs, 0.25, seed=3)
+    assert len(train) + len(held) == len(pairs) and len(held) >= 10
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
+    assert rm.split_pairs(pairs, 0.25, seed=3) == (train, held)  # deterministic
+    with pytest.raises(ValueError, match=r"eval_fraction must be in \(0, 1\)"):
+        rm.split_pairs(pairs, 1.0)
+    with pytest.raises(ValueError, match="1 distinct prompt"):
+        rm.split_pairs(pairs[:1], 0.5)
+
+
+def test_train_config_from_a_run_config():
+    _, fv = parse(["jaxrl-reason", "sft", "--config", SMOKE])
+    cfg = rm.train_config_from(fv.config, steps=7, learning_rate=None)
+    assert cfg.steps == 7 and cfg.learning_rate == rm.RewardTrainConfig().learning_rate
+    assert cfg.prompt_buckets == tuple(fv.config.task.prompt_buckets)
+    with pytest.raises(ValueError, match="unknown training field"):
+        rm.train_config_from(fv.config, stepz=3)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        rm.train_config_from(fv.config, batch_size=0)
