@@ -52,6 +52,22 @@ class SampleOutput:
     truncated: jax.Array
 
 
+@flax.struct.dataclass
+class Prefilled:
+    """The state right after prefill, for N = P * G rows (group-major).
+
+    cache:         the KV cache of the prompts, [N, Tp] slots per layer.
+    next_position: int32 [N]     RoPE position of each row's first generated token.
+    prompt_valid:  bool  [N, Tp] which prompt slots hold real tokens.
+    first:         int32 [N]     the first generated token; first_logprob: f32 [N] its log-prob.
+    """
+    cache: Any
+    next_position: jax.Array
+    prompt_valid: jax.Array
+    first: jax.Array
+    first_logprob: jax.Array
+
+
 def left_pad(token_lists: Sequence[Sequence[int]], length: int, pad_id: int):
     """Left-pads prompts to `length`.
 
@@ -197,27 +213,39 @@ class Sampler:
             stop = stop | (tokens == i)
         return stop
 
+    def prefill(self, params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k, *,
+                num_samples: int) -> Prefilled:
+        """Prefill once per prompt, share each prompt's cache with its G samples and draw
+        the first token (with key `fold_in(rng, 0)`). Traceable (call it inside a jit);
+        `_generate_impl` and the tool loop (`sampling/tools.py`) both start here.
+
+        Args: as `__call__` (prompt_tokens int32 [P, Tp], prompt_valid bool [P, Tp]).
+        Returns: Prefilled with N = P * G rows.
+        """
+        num_prompts, prompt_len = prompt_tokens.shape
+        apply = functools.partial(self.model.apply, {"params": params})
+        cache = self._constrain_cache(
+            init_cache(self.model.cfg, num_prompts, prompt_len, self.cache_dtype),
+            num_prompts, prompt_len)
+        logits, cache = apply(prompt_tokens, positions_from_valid(prompt_valid), prompt_valid,
+                              cache, 0)
+        repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
+        first, first_lp = select_tokens(jax.random.fold_in(rng, 0), repeat(logits[:, -1]),
+                                        temperature, top_k, top_p)
+        return Prefilled(cache=repeat_cache(cache, num_samples),
+                         next_position=repeat(jnp.sum(prompt_valid, axis=1).astype(jnp.int32)),
+                         prompt_valid=repeat(prompt_valid), first=first, first_logprob=first_lp)
+
     def _generate_impl(self, params, prompt_tokens, prompt_valid, rng, temperature, top_p,
                        top_k, *, num_samples, max_new_tokens):
-        cfg = self.model.cfg
         num_prompts, prompt_len = prompt_tokens.shape
         rows = num_prompts * num_samples
         apply = functools.partial(self.model.apply, {"params": params})
 
-        # Prefill once per prompt, into a cache of the prompt's length.
-        cache = self._constrain_cache(init_cache(cfg, num_prompts, prompt_len, self.cache_dtype),
-                                      num_prompts, prompt_len)
-        logits, cache = apply(prompt_tokens, positions_from_valid(prompt_valid), prompt_valid,
-                              cache, 0)
-        last_logits = logits[:, -1]
-
-        # Share each prompt's cache with its G samples.
-        repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
-        cache = repeat_cache(cache, num_samples)
-        next_position = repeat(jnp.sum(prompt_valid, axis=1).astype(jnp.int32))
-        prompt_valid = repeat(prompt_valid)
-        first, first_lp = select_tokens(jax.random.fold_in(rng, 0), repeat(last_logits),
-                                        temperature, top_k, top_p)
+        start = self.prefill(params, prompt_tokens, prompt_valid, rng, temperature, top_p,
+                             top_k, num_samples=num_samples)
+        cache, next_position = start.cache, start.next_position
+        prompt_valid, first, first_lp = start.prompt_valid, start.first, start.first_logprob
 
         tokens = jnp.full((rows, max_new_tokens), self.pad_id, jnp.int32).at[:, 0].set(first)
         logprobs = jnp.zeros((rows, max_new_tokens), jnp.float32).at[:, 0].set(first_lp)
