@@ -93,6 +93,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.max_grad_norm = 1.0                # global-norm gradient clipping
     c.rl.num_iterations = 1                 # policy updates per batch (mu in the GRPO paper)
     c.rl.micro_batches = 1                  # gradient accumulation: rows split into k micro-batches
+    c.rl.offload_reference = False          # frozen reference in host memory outside its log-prob pass
+    c.rl.offload_optimizer = False          # optimizer state in host memory outside the update
     c.rl.advantage_estimator = "grpo"       # grpo | rloo | reinforce_pp | gae (PPO, critic)
     c.rl.advantage_scale = "group"          # group | batch | none (none + grpo = Dr. GRPO)
     c.rl.loss_type = "grpo"                 # grpo | bnpo | dr_grpo | dapo
@@ -139,6 +141,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rewards.modules = ()                  # modules / .py files registering user rewards
     c.rewards.num_workers = 2               # host threads scoring completions
     c.rewards.timeout_s = 5.0               # per-call verifier timeout
+    # A trained reward model (`jaxrl-reason reward-model` workdir) as one more component,
+    # "reward/reward_model", scored on the device on the run's mesh; "" = none.
+    c.rewards.reward_model_dir = ""
+    c.rewards.reward_model_weight = 0.0     # its weight in the total (0: scored and logged only)
+    c.rewards.reward_model_normalize = True  # standardize by the held-out mean/std saved with it
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_problems = 16 if smoke else 200  # held-out problems per evaluation set

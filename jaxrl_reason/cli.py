@@ -4,11 +4,19 @@
                         [--init_checkpoint DIR]          # skip the cold start
     jaxrl-reason sft    --config configs/arith_grpo.py [--workdir DIR]
     jaxrl-reason eval   --checkpoint DIR [--config FILE] [--data FILE.jsonl|.parquet
-                        [--data_preset generic|gsm8k|math]] [--out FILE]
+                        [--data_preset generic|gsm8k|math]] [--seeds N|a,b,c]
+                        [--num_samples N] [--num_problems N] [--out FILE]
+    jaxrl-reason compare --a DIR --b DIR [--seeds N|a,b,c] [--num_samples N]
+                        [--num_problems N] [--data FILE] [--resamples R] [--out FILE]
     jaxrl-reason sample --checkpoint DIR --prompt TEXT [--greedy] [--max-new-tokens N]
     jaxrl-reason sample --model HF_DIR --prompt TEXT [--chat] [--greedy] [--max-new-tokens N]
     jaxrl-reason export --checkpoint DIR --out HF_DIR [--dtype bfloat16]
     jaxrl-reason plan   --config configs/arith_grpo.py --topology v5e:2x4   # needs libtpu
+    jaxrl-reason distill --checkpoint TEACHER_DIR [--config FILE] [--workdir DIR]
+                        [--num_samples N] [--keep all|shortest] [--student_preset NAME] ...
+    jaxrl-reason reward-model --config FILE --data pairs.jsonl [--workdir DIR]
+                        [--eval_data FILE | --eval_fraction F] [--init_checkpoint DIR]
+    jaxrl-reason pipeline --config configs/r1_pipeline.py [--workdir DIR] [--until STAGE]
 
 Configs are `get_config()` files (ml_collections), locked after parsing; an override of a key
 that does not exist is an error. Flags may be spelled with dashes or underscores. Bad input
@@ -31,12 +39,13 @@ from typing import Sequence
 from absl import flags
 from ml_collections import config_flags
 
-COMMANDS = ("train", "sft", "eval", "sample", "plan", "export")
+COMMANDS = ("train", "sft", "eval", "compare", "sample", "plan", "export", "distill",
+            "reward-model", "pipeline")
 
 
 def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
     fv = flags.FlagValues()
-    needs_config = command in ("train", "sft", "plan")
+    needs_config = command in ("train", "sft", "plan", "reward-model", "pipeline")
     # sys_argv: ml_collections finds the `--config.a.b=v` overrides in it (by default it
     # reads sys.argv, which is wrong when `main` is called with its own argv).
     config_flags.DEFINE_config_file(
@@ -71,7 +80,7 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
                           "tensors (default: the params' own)", flag_values=fv)
         flags.DEFINE_integer("max_shard_bytes", 5_000_000_000, "split the safetensors files "
                              "above this size", flag_values=fv)
-    if command == "eval":
+    if command in ("eval", "compare"):
         flags.DEFINE_string("data", None, "JSONL or parquet file (or directory / glob) of "
                             "problems to evaluate on instead of the task's held-out sets",
                             flag_values=fv)
@@ -79,7 +88,31 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
                           "field mapping of --data: generic {prompt, answer}, GSM8K "
                           "{question, answer '#### N'}, MATH {problem, solution \\boxed{}}",
                           flag_values=fv)
+        flags.DEFINE_string("seeds", None, "sampling seeds: a count N (seeds 0..N-1) or a "
+                            "list a,b,c (default: the config's eval.seeds)", flag_values=fv)
+        flags.DEFINE_integer("num_samples", None, "samples per problem, n (default: "
+                             "eval.num_samples)", flag_values=fv)
+        flags.DEFINE_integer("num_problems", None, "problems per held-out set (default: "
+                             "eval.num_problems)", flag_values=fv)
+    if command == "eval":
         flags.DEFINE_string("out", None, "JSON report path (default <checkpoint>/eval.json)",
+                            flag_values=fv)
+    if command == "compare":
+        flags.DEFINE_string("a", None, "checkpoint A (the baseline): run workdir or phase "
+                            "checkpoint directory", flag_values=fv, required=True)
+        flags.DEFINE_string("b", None, "checkpoint B, tested against A (B - A)",
+                            flag_values=fv, required=True)
+        flags.DEFINE_integer("resamples", 10_000, "paired bootstrap resamples",
+                             flag_values=fv)
+        flags.DEFINE_string("out", None, "JSON report path (default <B checkpoint>/"
+                            "compare.json; the pass@k plot goes next to it)", flag_values=fv)
+    if command == "distill":
+        _distill_flags(fv)
+    if command == "reward-model":
+        _reward_model_flags(fv)
+    if command == "pipeline":
+        flags.DEFINE_string("until", None, "stop after this stage (its name in "
+                            "config.pipeline.stages); rerun without it to continue",
                             flag_values=fv)
     if command == "plan":
         flags.DEFINE_string("topology", None, "TPU slice, e.g. v5e:2x4, v5p:2x2x1, v6e:2x4",
@@ -98,6 +131,58 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
     if needs_config:
         flags.mark_flag_as_required("config", flag_values=fv)
     return fv
+
+
+def _distill_flags(fv: flags.FlagValues) -> None:
+    """Flags of `distill`; unset ones fall back to config.distill, then the defaults of
+    `distill.DistillSettings`."""
+    flags.DEFINE_string("checkpoint", None, "the teacher: run workdir or phase checkpoint "
+                        "directory", flag_values=fv, required=True)
+    flags.DEFINE_integer("num_prompts", None, "training prompts to sample (default 256)",
+                         flag_values=fv)
+    flags.DEFINE_integer("num_samples", None, "completions per prompt (default 8)",
+                         flag_values=fv)
+    flags.DEFINE_enum("keep", None, ["all", "shortest"], "keep every verified completion, or "
+                      "the shortest per prompt (long2short)", flag_values=fv)
+    flags.DEFINE_integer("max_new_tokens", None, "teacher token budget (default "
+                         "rl.max_new_tokens)", flag_values=fv)
+    flags.DEFINE_float("temperature", None, "teacher sampling temperature (default 1.0)",
+                       flag_values=fv)
+    flags.DEFINE_string("verifiers", None, "comma-separated rewards a completion must pass "
+                        "(default: the task's verifier)", flag_values=fv)
+    flags.DEFINE_bool("verify", None, "keep only verified completions (default true; "
+                      "false: every sample, sequence-level distillation)", flag_values=fv)
+    flags.DEFINE_bool("drop_truncated", None, "drop completions that hit the budget "
+                      "(default true)", flag_values=fv)
+    flags.DEFINE_string("student_preset", None, "the student's model preset (default: the "
+                        "teacher's model)", flag_values=fv)
+    flags.DEFINE_enum("student_init", None, ["random", "teacher"], "start the student from a "
+                      "random init (default) or from the teacher's weights", flag_values=fv)
+    flags.DEFINE_integer("student_steps", None, "student SFT steps (default sft.steps)",
+                         flag_values=fv)
+    flags.DEFINE_float("student_learning_rate", None, "student peak SFT rate (default "
+                       "sft.learning_rate)", flag_values=fv)
+    flags.DEFINE_integer("seed", None, "sampling seed (default 0)", flag_values=fv)
+
+
+def _reward_model_flags(fv: flags.FlagValues) -> None:
+    """Flags of `reward-model`; unset training fields fall back to config.reward_model,
+    then the defaults of `reward_model.RewardTrainConfig`."""
+    flags.DEFINE_string("data", None, "JSONL of preference pairs {prompt, chosen, rejected"
+                        "[, margin, id]}", flag_values=fv, required=True)
+    flags.DEFINE_string("eval_data", None, "JSONL of held-out pairs (default: hold out "
+                        "--eval_fraction of --data's prompts)", flag_values=fv)
+    flags.DEFINE_float("eval_fraction", 0.1, "fraction of --data's prompts held out",
+                       flag_values=fv)
+    flags.DEFINE_string("init_checkpoint", None, "copy the trunk, model shape and tokenizer "
+                        "from this policy/SFT checkpoint (InstructGPT); default: a random "
+                        "trunk of the config's model and tokenizer", flag_values=fv)
+    flags.DEFINE_integer("steps", None, "optimizer steps (default 100)", flag_values=fv)
+    flags.DEFINE_integer("batch_size", None, "pairs per step (default 16)", flag_values=fv)
+    flags.DEFINE_float("learning_rate", None, "peak AdamW rate (default 1e-3)",
+                       flag_values=fv)
+    flags.DEFINE_integer("max_response_length", None, "longest response in tokens "
+                         "(default 128)", flag_values=fv)
 
 
 def _normalize(argv: Sequence[str]) -> list[str]:
@@ -181,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxrl_reason import commands
     try:
         with GracefulStop():  # SIGTERM/SIGINT: checkpoint at the next step, then exit 0
-            return getattr(commands, command)(fv)
+            return getattr(commands, command.replace("-", "_"))(fv)
     except Preempted as e:
         print(f"jaxrl-reason {command}: {e}", flush=True)
         return 0

@@ -2,6 +2,10 @@
 
 `train` runs the R1 recipe end to end: tokenizer -> cold-start SFT -> RL -> evaluation of
 both checkpoints, printing a before/after table and writing `<workdir>/eval.json`.
+`distill`, `reward-model` and `pipeline` are thin fronts of `jaxrl_reason.distill`,
+`jaxrl_reason.reward_model` and `jaxrl_reason.pipeline`.
+`eval` reports every metric over several sampling seeds (mean, standard deviation, 95%
+interval); `compare` tests two checkpoints against each other (`eval_runner.compare`).
 
 Multi-host: every process runs the command (the CLI has initialized `jax.distributed`);
 all of them train, evaluate and save checkpoints together, and only process 0 prints and
@@ -11,17 +15,15 @@ or any `etils.epath` path such as gs://bucket/run (see `paths`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 
 import jax
-import ml_collections
 
-from jaxrl_reason import distributed, eval_runner, paths
+from jaxrl_reason import comparison, distributed, eval_runner, paths
 from jaxrl_reason import sharding as shd
-from jaxrl_reason.checkpointing import Checkpointer
-from jaxrl_reason.data.files import read_examples
 from jaxrl_reason.data.tasks import task_source
 from jaxrl_reason.models.params import abstract_params, to_layout
 from jaxrl_reason.reliability import (Preempted, check_prompt_lengths, check_workdir,
@@ -33,8 +35,10 @@ from jaxrl_reason.run_state import load_params, phase_dir, resolve_checkpoint_di
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.sampling.sampler import Sampler, left_pad
 from jaxrl_reason.sft import run_sft
-from jaxrl_reason.tokenizers import tokenizer_from_serialized
 from jaxrl_reason.validation import check_config
+from jaxrl_reason import distill as distillation
+from jaxrl_reason import pipeline as pipelines
+from jaxrl_reason import reward_model as rm
 
 
 def _workdir(fv, config) -> str:
@@ -179,32 +183,60 @@ def plan(fv) -> int:
     return 0
 
 
-def _config_from_checkpoint(meta) -> ml_collections.ConfigDict:
-    config = meta.get("config")
-    if not config:
-        raise ValueError("checkpoint metadata holds no config; pass --config")
-    return ml_collections.ConfigDict(json.loads(config))
+def _eval_overrides(fv) -> dict:
+    """`--seeds` / `--num_samples` / `--num_problems` of eval and compare, checked."""
+    return {"seeds": eval_runner.parse_seeds(fv.seeds) if fv.seeds is not None else None,
+            "num_samples": fv.num_samples, "num_problems": fv.num_problems}
+
+
+def _eval_data(fv, num_problems: int | None):
+    """The `--data` set ({file name: examples}, the first `num_problems`), or None."""
+    return eval_runner.file_sets(fv.data, fv.data_preset, num_problems) if fv.data else None
 
 
 def eval(fv) -> int:  # noqa: A001 (the command's name)
-    directory = resolve_checkpoint_dir(fv.checkpoint)
-    with Checkpointer(directory) as ckpt:
-        params_meta = ckpt.metadata()
-    config = fv.config if fv.config is not None else _config_from_checkpoint(params_meta)
-    # The checkpoint's own tokenizer: never train or write one next to a checkpoint.
-    tokenizer = tokenizer_from_serialized(params_meta["tokenizer"])
-    rt = build_runtime(config, directory, tokenizer=tokenizer)
-    params, _, _, _ = load_params(directory, rt.mesh, rt.rules)
-    sets = None
-    if fv.data:
-        source = read_examples(fv.data, fields=fv.data_preset)
-        sets = {os.path.basename(fv.data): [source[i] for i in range(len(source))]}
+    overrides = _eval_overrides(fv)
+    rt, params, directory = eval_runner.load_for_eval(fv.checkpoint, fv.config, overrides)
+    config = rt.config
+    sets = _eval_data(fv, fv.num_problems)
     report = eval_runner.evaluate(rt, params, sets, progress=config.log.progress_bar)
     table = eval_runner.comparison_table({os.path.basename(directory): report},
-                                         config.eval.num_samples)
+                                         config.eval.num_samples, show_std=True)
     out = fv.out or paths.join(directory, "eval.json")
     _write_report(out, {"checkpoint": directory, "report": report, "table": table})
-    _say(f"{table}\n\nreport: {out}")
+    _say(f"{table}\n\nmean ± 95% t-interval (sd: standard deviation) over "
+         f"{len(config.eval.seeds)} sampling seeds {list(config.eval.seeds)}\nreport: {out}")
+    return 0
+
+
+def compare(fv) -> int:
+    """Evaluates checkpoints A and B on the same problems and seeds; a paired bootstrap over
+    problems and seeds tests B - A; pass@k for k = 1..n of both, plotted when matplotlib is
+    installed."""
+    overrides = _eval_overrides(fv)
+    rt_a, params_a, dir_a = eval_runner.load_for_eval(fv.a, fv.config, overrides)
+    rt_b, params_b, dir_b = eval_runner.load_for_eval(fv.b, fv.config, overrides,
+                                                      reuse=rt_a)
+    if fv.resamples < 1:
+        raise ValueError(f"--resamples must be >= 1, got {fv.resamples}")
+    labels = ("A", "B")
+    result = eval_runner.compare(rt_a, params_a, rt_b, params_b,
+                                 _eval_data(fv, fv.num_problems),
+                                 num_resamples=fv.resamples, labels=labels,
+                                 progress=rt_a.config.log.progress_bar)
+    table = eval_runner.comparison_table(result["reports"], rt_a.config.eval.num_samples,
+                                         show_std=True)
+    tests = comparison.format_comparison(result["tests"], labels)
+    out = fv.out or paths.join(dir_b, "compare.json")
+    plot = None
+    if distributed.is_primary() and not paths.is_remote(out):
+        plot = eval_runner.plot_pass_at_k(result, os.path.splitext(out)[0] + "_pass_at_k.png")
+    _write_report(out, {"a": dir_a, "b": dir_b, **result, "table": table, "tests_table": tests,
+                        "plot": plot})
+    _say(f"A = {dir_a}\nB = {dir_b}\n\n{table}\n\npaired bootstrap over problems and seeds "
+         f"({fv.resamples} resamples), B - A:\n{tests}\n\npass@k, k = 1..n:\n"
+         f"{eval_runner.format_pass_at_k(result)}\n\nreport: {out}\nplot: "
+         f"{plot or 'skipped (matplotlib is not installed, or a remote --out)'}")
     return 0
 
 
@@ -266,4 +298,101 @@ def export(fv) -> int:
         tokenizer.save_dir(fv.out)
         _say(f"wrote {len(files)} files to {fv.out}: " + ", ".join(
             sorted(os.path.basename(f) for f in files)))
+    return 0
+
+
+def distill(fv) -> int:
+    """Rejection-samples a teacher checkpoint, SFTs a student on its verified completions and
+    evaluates both on the held-out sets (`distill.run_distill`). Rerunning with the same
+    workdir skips the finished parts."""
+    rt, params, directory = eval_runner.load_for_eval(fv.checkpoint, fv.config)
+    config = rt.config
+    check_config(config, jax.device_count())
+    settings = distillation.settings_from(
+        config, num_prompts=fv.num_prompts, num_samples=fv.num_samples, keep=fv.keep,
+        max_new_tokens=fv.max_new_tokens, temperature=fv.temperature,
+        verifiers=fv.verifiers, verify=fv.verify, drop_truncated=fv.drop_truncated,
+        student_preset=fv.student_preset, student_init=fv.student_init,
+        student_steps=fv.student_steps, student_learning_rate=fv.student_learning_rate,
+        seed=fv.seed)
+    workdir = fv.workdir or os.path.join("runs", f"{config.name}_distill")
+    paths.as_path(workdir).mkdir(parents=True, exist_ok=True)
+    _say(f"[distill] teacher {directory}: {rt.model_cfg.num_params:,} params; "
+         f"{settings.num_prompts} prompts x {settings.num_samples} samples, keep "
+         f"{settings.keep}; workdir {workdir}")
+    report = distillation.run_distill(rt, params, workdir, settings,
+                                      teacher_checkpoint=directory)
+    d = report["distill"]
+    verified = f"{d['correct']} verified" if settings.verify else "not verified"
+    _say(f"\n{report['table']}\n\nkept {d['kept']} of {d['samples']} samples "
+         f"({100 * d['kept_fraction']:.1f}%; {verified}) from {d['prompts']} "
+         f"prompts{' (reused)' if d['reused'] else ''}\nreport: "
+         f"{paths.join(workdir, 'distill.json')}; data: {paths.join(workdir, 'distill.jsonl')}"
+         f"; student: {phase_dir(workdir, 'sft')}")
+    return 0
+
+
+def reward_model(fv) -> int:
+    """Trains a Bradley-Terry reward model on preference pairs, reports its pairwise
+    accuracy on held-out pairs and saves it where `rewards.reward_model_dir` can name it."""
+    config = fv.config
+    check_config(config, jax.device_count())
+    workdir = fv.workdir or os.path.join("runs", f"{config.name}_reward_model")
+    out_dir = paths.join(workdir, rm.CHECKPOINT_KIND)
+    if paths.as_path(out_dir).is_dir():
+        raise ValueError(f"{out_dir} already holds a reward model: pass another --workdir")
+    pairs = rm.read_preference_pairs(fv.data)
+    if fv.eval_data:
+        train_pairs, held = pairs, rm.read_preference_pairs(fv.eval_data)
+    else:
+        train_pairs, held = rm.split_pairs(pairs, fv.eval_fraction, seed=config.seed)
+    train_cfg = rm.train_config_from(
+        config, steps=fv.steps, batch_size=fv.batch_size, learning_rate=fv.learning_rate,
+        max_response_length=fv.max_response_length)
+    rt, init_params, model_cfg = pipelines.checkpoint_runtime(config, workdir,
+                                                              fv.init_checkpoint or "")
+    model_cfg = model_cfg or rt.model_cfg
+    _say(f"[reward-model] {model_cfg.num_params:,} params, {len(train_pairs)} training and "
+         f"{len(held)} held-out pairs, {train_cfg.steps} steps; workdir {workdir}")
+    writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
+                           enabled=distributed.is_primary())
+    t0 = time.time()
+    try:
+        params, history = rm.train_reward_model(
+            model_cfg, rt.tokenizer, train_pairs, mesh=rt.mesh, rules=rt.rules,
+            train_cfg=train_cfg, init_params=init_params, eval_pairs=held,
+            log=lambda step, m: writer.write(step, m, phase="reward_model"))
+    finally:
+        writer.close()
+    held_out = {k[len("eval/"):]: v for k, v in history[-1].items() if k.startswith("eval/")}
+    report = {"held_out": held_out, "train": {k: history[-1][k] for k in ("loss", "accuracy")},
+              "pairs": {"train": len(train_pairs), "held_out": len(held)},
+              "data": fv.data, "eval_data": fv.eval_data or "", "seconds": time.time() - t0,
+              "train_config": dataclasses.asdict(train_cfg),
+              "init_checkpoint": fv.init_checkpoint or ""}
+    rm.save_reward_model(out_dir, params, model_cfg, rt.tokenizer, step=train_cfg.steps,
+                         metadata={"eval": held_out, **report})
+    report_path = paths.join(workdir, "reward_model.json")
+    _write_report(report_path, report)
+    _say(f"[reward-model] held-out pairwise accuracy {100 * held_out['accuracy']:.1f}% on "
+         f"{len(held)} pairs (chance 50%), mean margin {held_out['margin']:.3f}; final "
+         f"training loss {history[-1]['loss']:.4f}, {time.time() - t0:.0f} s\nsaved: "
+         f"{out_dir}\nreport: {report_path}\nuse it: --config.rewards.reward_model_dir="
+         f"{workdir} --config.rewards.reward_model_weight=W")
+    return 0
+
+
+def pipeline(fv) -> int:
+    """Runs the config's stages (`pipeline.run_pipeline`); a rerun skips finished stages."""
+    config = fv.config
+    workdir = _workdir(fv, config)
+    try:
+        result = pipelines.run_pipeline(config, workdir, until=fv.until, log=_say)
+    except Preempted as e:
+        _say(f"[pipeline] stopped by a signal in {e.phase!r} after step {e.step}; the "
+             f"checkpoints are saved: rerun the same command to continue")
+        return 0
+    _say(f"\n{result['table']}\n\ntable: "
+         f"{paths.join(workdir, pipelines.TABLE_FILE + '.md')}; state: "
+         f"{paths.join(workdir, pipelines.STATE_FILE)}")
     return 0

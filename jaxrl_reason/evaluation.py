@@ -10,6 +10,8 @@ Pure numpy and the standard library; no device code. The usual flow:
     curves = [accuracy_curve(correct, answers, scores, num_subsets=64) for each seed]
     summarize_curves(curves)  # {"k": [1, 2, 4, 8], "maj@k": {"mean": [...], "ci95": [...]}}
 
+    pass_at_k_curve(correct)  # [pass@1, pass@2, ..., pass@n], every k (unbiased)
+
 Conventions: `P` problems, `n` samples per problem. `correct[p, i]` says whether sample `i` of
 problem `p` was verified correct; `answers[p][i]` is its extracted answer string, or None when
 nothing answer-like was found; answers vote together when their strings are equal, so map
@@ -20,6 +22,12 @@ best-of-k to filter the samples before the vote.
 Estimators over k < n samples: pass@k is the unbiased closed form; maj@k and best-of-k are
 means over `num_subsets` random k-subsets of the n samples (every subset when there are at
 most that many, so exact for small n), or the first k samples when num_subsets = 0.
+
+Honest comparisons (Hochlehnert et al. 2025, "A Sober Look at Progress in LM Reasoning"):
+one evaluation seed says little, so metrics are summarized over seeds with their standard
+deviation and a t-interval (`summarize_seeds`), and two checkpoints are compared by a
+paired bootstrap over problems and seeds (`jaxrl_reason.comparison.paired_bootstrap`), not
+by their two means.
 """
 from __future__ import annotations
 
@@ -43,6 +51,8 @@ __all__ = [
     "summarize_seeds",
     "seed_metrics",
     "format_table",
+    "pass_at_k_curve",
+    "domain_metrics",
 ]
 
 
@@ -113,6 +123,22 @@ def pass_at_k_batch(correct: np.ndarray, k: int) -> float:
     arr = _check_correct(correct, "pass_at_k_batch")
     n = arr.shape[1]
     return float(np.mean([pass_at_k(n, int(c), k) for c in arr.sum(axis=1)]))
+
+
+def pass_at_k_curve(correct: np.ndarray, max_k: int | None = None) -> list[float]:
+    """Mean unbiased pass@k over problems for every k = 1, 2, ..., max_k.
+
+    Args:
+      correct: [P, n] bool, correctness of each sample.
+      max_k: largest k, 1 <= max_k <= n (default n).
+    Returns:
+      list of max_k floats in [0, 1]; entry k - 1 is `pass_at_k_batch(correct, k)`, so the
+      list never decreases.
+    """
+    arr = _check_correct(correct, "pass_at_k_curve")
+    n = arr.shape[1]
+    max_k = n if max_k is None else _check_k(max_k, n, "pass_at_k_curve")
+    return [pass_at_k_batch(arr, k) for k in range(1, max_k + 1)]
 
 
 def _majority_index(answers: Sequence[str | None]) -> int | None:
@@ -435,8 +461,9 @@ def summarize_seeds(per_seed: Sequence[Mapping[str, float]],
         [{"pass@1": 0.61, "maj@4": 0.70, "mean_length": 212.0}, ...].
       confidence: interval level; the key is "ci95" whatever the level, for a stable schema.
     Returns:
-      {metric: {"mean": float, "ci95": float half-width (NaN for one seed),
-                "values": list[float] in seed order}}.
+      {metric: {"mean": float, "std": float sample standard deviation over seeds (ddof=1;
+                NaN for one seed), "ci95": float half-width of the t-interval of the mean
+                (NaN for one seed), "values": list[float] in seed order}}.
     """
     if len(per_seed) == 0:
         raise ValueError("summarize_seeds: per_seed is empty")
@@ -449,7 +476,8 @@ def summarize_seeds(per_seed: Sequence[Mapping[str, float]],
     for name in names:
         values = [float(d[name]) for d in per_seed]
         mean, half = mean_ci(values, confidence)
-        out[name] = {"mean": mean, "ci95": half, "values": values}
+        std = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+        out[name] = {"mean": mean, "std": std, "ci95": half, "values": values}
     return out
 
 
@@ -495,6 +523,47 @@ def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
     return out
 
 
+# ----------------------------------------------------------------------------- domains
+
+
+def domain_metrics(domains: Sequence[str | None], rewards: np.ndarray,
+                   verdicts: np.ndarray | None = None,
+                   lengths: np.ndarray | None = None) -> dict[str, float]:
+    """Per-domain means of one batch of a task mixture (rows of a domain-less example, None,
+    are left out; a batch without any domain gives {}).
+
+    Args:
+      domains: N domain names (str) or None, one per row.
+      rewards: [N] float, the total reward of each row.
+      verdicts: optional [N] float, the verifier's score of each row (1 = correct).
+      lengths: optional [N] int, completion length in tokens.
+    Returns:
+      for each domain d present, sorted: "reward/d" (mean reward), "accuracy/d" (mean
+      verdict, with verdicts), "length/d" (mean length, with lengths) and "frac/d" (the
+      share of the N rows that are d's).
+    """
+    rewards = np.asarray(rewards, np.float64).reshape(-1)
+    if len(domains) != rewards.shape[0]:
+        raise ValueError(f"domain_metrics: {len(domains)} domains but {rewards.shape[0]} "
+                         "rewards")
+    named = {"accuracy": verdicts, "length": lengths}
+    for name, values in named.items():
+        if values is not None and np.asarray(values).reshape(-1).shape != rewards.shape:
+            raise ValueError(f"domain_metrics: {name} values have shape "
+                             f"{np.asarray(values).shape}, expected ({rewards.shape[0]},)")
+    labels = np.array([d if d is not None else "" for d in domains], dtype=object)
+    out: dict[str, float] = {}
+    for domain in sorted({d for d in domains if d is not None}):
+        rows = labels == domain
+        out[f"reward/{domain}"] = float(rewards[rows].mean())
+        for name, values in named.items():
+            if values is not None:
+                out[f"{name}/{domain}"] = float(
+                    np.asarray(values, np.float64).reshape(-1)[rows].mean())
+        out[f"frac/{domain}"] = float(rows.mean())
+    return out
+
+
 # ----------------------------------------------------------------------------- table
 
 
@@ -514,7 +583,7 @@ def _header(metric: str) -> str:
     return metric
 
 
-def _cell(summary: Mapping[str, float] | None, metric: str) -> str:
+def _cell(summary: Mapping[str, float] | None, metric: str, show_std: bool = False) -> str:
     if summary is None:
         return "-"
     scale = 100.0 if _is_percent(metric) else 1.0
@@ -523,20 +592,27 @@ def _cell(summary: Mapping[str, float] | None, metric: str) -> str:
     half = summary.get("ci95", float("nan"))
     if half is None or not math.isfinite(half):
         return mean
-    return f"{mean} ± {fmt.format(half * scale)}"
+    cell = f"{mean} ± {fmt.format(half * scale)}"
+    std = summary.get("std")
+    if show_std and std is not None and math.isfinite(std):
+        cell += f" (sd {fmt.format(std * scale)})"
+    return cell
 
 
-def format_table(report: Mapping[str, Mapping[str, Mapping]], metrics: Sequence[str]) -> str:
+def format_table(report: Mapping[str, Mapping[str, Mapping]], metrics: Sequence[str],
+                 show_std: bool = False) -> str:
     """A Markdown table of evaluation results, one row per evaluation set.
 
     Cells read "63.2 ± 2.1": pass@k, maj@k, best_of@k and accuracy in percent, lengths in
     tokens (both one decimal), other metrics with 4 significant digits. The "± half-width"
     part is left out when the interval is undefined (one seed); a metric missing from a row
-    shows "-".
+    shows "-". With `show_std`, cells read "63.2 ± 2.1 (sd 1.7)": the seeds' standard
+    deviation follows the interval (summaries without a "std" show none).
 
     Args:
       report: {set name: summarize_seeds(...) output}, e.g. {"level 4": {"pass@1": {...}}}.
       metrics: the columns, in order.
+      show_std: add the standard deviation over seeds to each cell.
     Returns:
       the table as a str (no trailing newline).
     """
@@ -545,7 +621,7 @@ def format_table(report: Mapping[str, Mapping[str, Mapping]], metrics: Sequence[
     if not metrics:
         raise ValueError("format_table: metrics is empty")
     header = ["eval set"] + [_header(m) for m in metrics]
-    rows = [[name] + [_cell(summary.get(m), m) for m in metrics]
+    rows = [[name] + [_cell(summary.get(m), m, show_std) for m in metrics]
             for name, summary in report.items()]
     widths = [max(len(r[j]) for r in [header] + rows) for j in range(len(header))]
 

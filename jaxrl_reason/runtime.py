@@ -28,7 +28,9 @@ from jaxrl_reason.data.tasks import get_task
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import SampleOutput, Sampler, left_pad, pick_bucket
-from jaxrl_reason.tokenizers import (HFTokenizer, Tokenizer, load_tokenizer,
+from jaxrl_reason.sampling.tools import ToolSampler
+from jaxrl_reason.tools import build_tool_runner, tool_symbols, tools_enabled
+from jaxrl_reason.tokenizers import (SPECIAL_TAGS, HFTokenizer, Tokenizer, load_tokenizer,
                                      tokenizer_from_serialized, train_tokenizer)
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -44,7 +46,7 @@ class Runtime:
     tokenizer: Tokenizer | HFTokenizer
     model_cfg: ModelConfig
     model: Transformer
-    sampler: Sampler
+    sampler: Sampler | ToolSampler  # a ToolSampler when config.tools is enabled
 
     def encode_prompt(self, text: str) -> list[int]:
         """The ids of one prompt text (python ints), with a bos first when the tokenizer's
@@ -182,7 +184,9 @@ def _build_tokenizer(config: ml_collections.ConfigDict,
     elif os.path.isfile(saved):
         return Tokenizer.load(saved)
     corpus = get_task(config.task.name).corpus(config, config.tokenizer.corpus_examples)
-    tokenizer = train_tokenizer(corpus, config.tokenizer.vocab_size)
+    # Tool tags (config.tools) are single tokens, so that a closing tag is one stop-like id.
+    tokenizer = train_tokenizer(corpus, config.tokenizer.vocab_size,
+                                extra_symbols=SPECIAL_TAGS + tool_symbols(config))
     if paths.is_remote(workdir):
         paths.write_bytes_atomic(saved, tokenizer.serialized)  # a bare .model file
     else:
@@ -208,5 +212,9 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
     sampler_cls = GatheredSampler if jax.process_count() > 1 else Sampler
     sampler = sampler_cls(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
                           rules=rules)
+    if tools_enabled(config):  # generation runs tool calls (RL rollouts, eval, distill)
+        sampler = ToolSampler(sampler, build_tool_runner(config.tools), tokenizer,
+                              max_calls=config.tools.max_calls,
+                              max_result_tokens=config.tools.max_result_tokens)
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)

@@ -13,11 +13,14 @@ from typing import Any
 
 import ml_collections
 
+from jaxrl_reason import paths
+from jaxrl_reason.data.mixture import MIXTURE_TASK, mixture_problems
 from jaxrl_reason.data.tasks import get_task
 from jaxrl_reason.rewards.pool import import_reward_modules, resolve_rewards
 from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES
 from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS_MODES
 from jaxrl_reason.sharding import MESH_AXES, resolve_mesh_shape
+from jaxrl_reason.tools import tool_config_problems
 
 # Algorithms whose baseline is the group: they need at least two samples per prompt.
 GROUP_ESTIMATORS = ("grpo", "rloo")
@@ -137,6 +140,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     if _get(config, "rl.ref_sync_every", 0):
         _in_range(problems, config, "rl.ref_sync_alpha", 0.0, 1.0, low_open=True)
     prompts = _get(config, "rl.batch_prompts")
+    for key in ("rl.offload_reference", "rl.offload_optimizer"):
+        if not isinstance(_get(config, key, False), bool):
+            problems.append(f"{key}: must be True or False, got {_get(config, key)!r}")
     micro = _get(config, "rl.micro_batches", 1)
     if not (isinstance(micro, int) and micro >= 1):
         problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
@@ -162,6 +168,30 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         problems.append(f"rl.train_length_bucket: {bucket} exceeds rl.max_new_tokens "
                         f"{config.rl.max_new_tokens}")
     problems += _reward_problems(config)
+    problems += _reward_model_problems(config)
+    problems += _tool_problems(config)
+    return problems
+
+
+def _tool_problems(config) -> list[str]:
+    """config.tools (optional: off when absent or not enabled) and what it cannot combine
+    with yet; task.tool_demo_fraction."""
+    tools = _get(config, "tools")
+    if tools is not None and not isinstance(tools, (dict, ml_collections.ConfigDict)):
+        return [f"tools: must be a config block (tools.enabled, tools.names, ...), got {tools!r}"]
+    problems = tool_config_problems(tools)
+    if tools is not None and tools.get("enabled", False):
+        if not isinstance(tools.get("enabled"), bool):
+            problems.append(f"tools.enabled: must be True or False, got {tools.get('enabled')!r}")
+        for key, why in (("rl.dynamic_sampling", "its merged batches drop the result-token mask"),
+                         ("rl.kl_in_reward", "the KL-in-reward sum would count result tokens")):
+            if _get(config, key, False):
+                problems.append(f"{key}: not supported with tools.enabled yet ({why})")
+    fraction = _get(config, "task.tool_demo_fraction", 0.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
+            or not 0.0 <= fraction <= 1.0:
+        problems.append(f"task.tool_demo_fraction: must be a fraction in [0, 1], got "
+                        f"{fraction!r}")
     return problems
 
 
@@ -204,6 +234,12 @@ def _task_problems(config) -> list[str]:
         return [f"task.name: {e}"]
     if task.name == "file":
         return _file_task_problems(config)
+    if task.name == MIXTURE_TASK:  # each domain has its own levels (data/mixture.py)
+        return (mixture_problems(config.task, _get(config, "rewards.weights", {}) or {},
+                                 get_task) + _length_target_problems(config))
+    if _get(config, "task.mixture", ()):
+        problems.append(f"task.mixture: is set but task.name is {task.name!r}; set "
+                        f"task.name='{MIXTURE_TASK}' to train on the mixture, or clear it")
     top = task.max_level
     levels = _get(config, "task.train_levels", ())
     if not levels or not all(isinstance(v, int) and 1 <= v <= top for v in levels):
@@ -213,13 +249,17 @@ def _task_problems(config) -> list[str]:
         if not group or not all(isinstance(v, int) and 1 <= v <= top for v in group):
             problems.append(f"task.eval_levels: each set must list {task.name} levels in "
                             f"1..{top}, got {group!r}")
+    return problems + _length_target_problems(config)
+
+
+def _length_target_problems(config) -> list[str]:
     targets = _get(config, "task.length_targets", (0, 0))
     if not (isinstance(targets, (tuple, list)) and len(targets) == 2
             and all(isinstance(t, int) and not isinstance(t, bool) for t in targets)
             and (tuple(targets) == (0, 0) or 0 < targets[0] <= targets[1])):
-        problems.append(f"task.length_targets: must be (low, high) token budgets with "
-                        f"0 < low <= high, or (0, 0) for none; got {targets!r}")
-    return problems
+        return [f"task.length_targets: must be (low, high) token budgets with "
+                f"0 < low <= high, or (0, 0) for none; got {targets!r}"]
+    return []
 
 
 def _file_task_problems(config) -> list[str]:
@@ -267,6 +307,27 @@ def _reward_problems(config) -> list[str]:
     except ValueError as e:
         key = "rewards.options" if "option" in str(e) else "rewards.weights"
         problems.append(f"{key}: {e}")
+    return problems
+
+
+def _reward_model_problems(config) -> list[str]:
+    """rewards.reward_model_dir / _weight / _normalize (each optional: older configs lack them)."""
+    problems = []
+    directory = _get(config, "rewards.reward_model_dir", "")
+    weight = _get(config, "rewards.reward_model_weight", 0.0)
+    if not isinstance(directory, str):
+        problems.append(f"rewards.reward_model_dir: must be a path or \"\", got {directory!r}")
+    elif directory and not paths.as_path(directory).is_dir():
+        problems.append(f"rewards.reward_model_dir: {directory!r} is not a directory (train "
+                        f"one with `jaxrl-reason reward-model`)")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+            or not math.isfinite(weight):
+        problems.append(f"rewards.reward_model_weight: must be a finite number, got {weight!r}")
+    elif weight != 0 and not directory:
+        problems.append("rewards.reward_model_weight: a nonzero weight needs "
+                        "rewards.reward_model_dir (the reward model to score with)")
+    if not isinstance(_get(config, "rewards.reward_model_normalize", False), bool):
+        problems.append("rewards.reward_model_normalize: must be True or False")
     return problems
 
 

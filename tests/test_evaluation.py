@@ -363,3 +363,90 @@ def test_eval_runner_reports_curves(tmp_path):
     assert "maj@k" in eval_runner.format_curves(report)
     png = eval_runner.plot_curves(report, str(tmp_path / "curves.png"))
     assert png is None or (tmp_path / "curves.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- seeds, domains
+
+
+def test_summarize_seeds_reports_std():
+    out = summarize_seeds([{"pass@1": 0.5}, {"pass@1": 0.7}, {"pass@1": 0.6}])
+    assert out["pass@1"]["std"] == pytest.approx(np.std([0.5, 0.7, 0.6], ddof=1))
+    assert math.isnan(summarize_seeds([{"pass@1": 0.5}])["pass@1"]["std"])
+
+
+def test_format_table_with_std():
+    summary = summarize_seeds([{"pass@1": 0.62}, {"pass@1": 0.64}, {"pass@1": 0.63}])
+    table = format_table({"set": summary}, ["pass@1"], show_std=True)
+    assert "63.0 ± 2.5 (sd 1.0)" in table
+    assert "(sd" not in format_table({"set": summary}, ["pass@1"])
+    one = summarize_seeds([{"pass@1": 0.5}])
+    assert "(sd" not in format_table({"set": one}, ["pass@1"], show_std=True)
+
+
+def test_pass_at_k_curve_every_k():
+    from jaxrl_reason.evaluation import pass_at_k_curve
+    correct = np.array([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 1]], bool)
+    curve = pass_at_k_curve(correct)
+    assert len(curve) == 4
+    for k, value in enumerate(curve, start=1):
+        assert value == pytest.approx(pass_at_k_batch(correct, k))
+    assert pass_at_k_curve(correct, max_k=2) == curve[:2]
+    with pytest.raises(ValueError, match="k must be"):
+        pass_at_k_curve(correct, max_k=5)
+
+
+def test_domain_metrics():
+    from jaxrl_reason.evaluation import domain_metrics
+    domains = ["code", "code", "countdown", None, "countdown", "countdown"]
+    out = domain_metrics(domains, [1.0, 0.0, 0.5, 9.0, 0.5, 1.1],
+                         verdicts=[1, 0, 0, 1, 0, 1], lengths=[10, 20, 30, 40, 50, 70])
+    assert out == pytest.approx({
+        "reward/code": 0.5, "accuracy/code": 0.5, "length/code": 15.0, "frac/code": 2 / 6,
+        "reward/countdown": 0.7, "accuracy/countdown": 1 / 3, "length/countdown": 50.0,
+        "frac/countdown": 0.5})
+    assert domain_metrics([None, None], [1.0, 0.0]) == {}
+    assert set(domain_metrics(["a"], [1.0])) == {"reward/a", "frac/a"}
+    with pytest.raises(ValueError, match="2 domains"):
+        domain_metrics(["a", "b"], [1.0])
+    with pytest.raises(ValueError, match="accuracy"):
+        domain_metrics(["a", "b"], [1.0, 0.0], verdicts=[1.0])
+
+
+@pytest.mark.parametrize("text,seeds", [("3", (0, 1, 2)), ("1", (0,)), ("0,4,9", (0, 4, 9)),
+                                        ("7,", (7,)), (" 2 , 5 ", (2, 5))])
+def test_parse_seeds(text, seeds):
+    from jaxrl_reason.eval_runner import parse_seeds
+    assert parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text,match", [("0", ">= 1"), ("", "count"), ("a", "integers"),
+                                        ("1,1", "repeat"), ("1,-2", ">= 0"), ("2.5", "integers")])
+def test_parse_seeds_rejects_bad_input(text, match):
+    from jaxrl_reason.eval_runner import parse_seeds
+    with pytest.raises(ValueError, match=match):
+        parse_seeds(text)
+
+
+def test_with_eval_overrides_copies_and_checks():
+    import ml_collections
+
+    from jaxrl_reason.eval_runner import with_eval_overrides
+    config = ml_collections.ConfigDict({"eval": {"seeds": (0, 1), "num_samples": 4,
+                                                 "num_problems": 200}})
+    config.lock()
+    out = with_eval_overrides(config, seeds=(3, 4, 5), num_samples=16)
+    assert tuple(out.eval.seeds) == (3, 4, 5) and out.eval.num_samples == 16
+    assert out.eval.num_problems == 200 and tuple(config.eval.seeds) == (0, 1)
+    with pytest.raises(ValueError, match="num_problems"):
+        with_eval_overrides(config, num_problems=0)
+
+
+def test_file_sets_tag_the_file_verifier(tmp_path):
+    from jaxrl_reason.eval_runner import file_sets
+    data = tmp_path / "probe.jsonl"
+    data.write_text("".join(f'{{"prompt": "What is {i}+1?", "answer": "{i + 1}"}}\n'
+                            for i in range(5)))
+    (name, examples), = file_sets(str(data), num_problems=3).items()
+    assert name == "probe.jsonl" and len(examples) == 3
+    assert all(e["verifier"] == "correctness" for e in examples)
+    assert len(file_sets(str(data))["probe.jsonl"]) == 5

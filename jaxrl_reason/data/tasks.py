@@ -8,7 +8,9 @@ by difficulty level with disjoint train/eval splits and worked SFT traces ("comp
 | `arithmetic`     | `correctness`          | 1-5 (see `data/arithmetic.py`)        |
 | `countdown`      | `countdown`            | 1-5: 2-6 numbers (see `data/countdown.py`) |
 | `knights_knaves` | `knights_knaves`       | 1-5: 2-6 people (see `data/knights_knaves.py`) |
+| `code`           | `code`                 | 1-5: one-line Python functions with hidden tests (see `data/code.py`) |
 | `file`           | `correctness`          | none: problems from local JSONL/parquet (`task.train_file`, `task.eval_files`; GSM8K, MATH or generic fields, see `data/files.py`) |
+| `mixture`        | `domain_verifier`      | per domain: several procedural tasks with sampling weights (`task.mixture`, see `data/mixture.py`); each row is scored by its own domain's verifier |
 
 `task_source(config, split, levels, size, seed)` is the one entry point the trainer, SFT
 and evaluation use; it also applies `config.task.length_targets` (L1/LCPO: a per-problem
@@ -24,7 +26,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxrl_reason.data import arithmetic, countdown, knights_knaves
+from jaxrl_reason.data import arithmetic, code, countdown, knights_knaves, mixture, search_facts
 
 Example = dict[str, Any]
 
@@ -88,6 +90,10 @@ register_task(procedural_task("countdown", "countdown", countdown.CountdownSourc
 register_task(procedural_task("knights_knaves", "knights_knaves",
                               knights_knaves.KnightsKnavesSource,
                               knights_knaves.tokenizer_corpus, knights_knaves.MAX_LEVEL))
+register_task(procedural_task("code", "code", code.CodeSource, code.tokenizer_corpus,
+                              code.MAX_LEVEL))
+register_task(Task("search_facts", "exact_match", search_facts.make_source,
+                   search_facts.tokenizer_corpus, search_facts.MAX_LEVEL))
 
 
 # ------------------------------------------------------------------------ file tasks
@@ -150,6 +156,35 @@ def _file_corpus(config, n: int) -> list[str]:
 register_task(Task("file", "correctness", _file_source, _file_corpus, max_level=0))
 
 
+# ------------------------------------------------------------------------ mixtures
+
+
+def mixture_domains(config: ml_collections.ConfigDict) -> tuple[mixture.Domain, ...]:
+    """The validated domains of a mixture config (`task.mixture`, weights normalized)."""
+    return mixture.parse_mixture(config.task, get_task)
+
+
+def _domain_source(config, domain: mixture.Domain, split: str, size: int,
+                   seed: int) -> Sequence[Example]:
+    return get_task(domain.name).make_source(config, split, domain.levels, size, seed)
+
+
+def _mixture_source(config, split, levels, size, seed) -> Sequence[Example]:
+    """A mixture's stream; `levels` is unused: each domain has its own (`task.mixture`)."""
+    return mixture.MixtureSource(
+        mixture_domains(config),
+        lambda domain, n: _domain_source(config, domain, split, n, seed), size, seed)
+
+
+def _mixture_corpus(config, n: int) -> list[str]:
+    return mixture.mixture_corpus(mixture_domains(config),
+                                  lambda name, k: get_task(name).corpus(config, k), n)
+
+
+register_task(Task(mixture.MIXTURE_TASK, mixture.MIXTURE_VERIFIER, _mixture_source,
+                   _mixture_corpus, max_level=0))
+
+
 # ------------------------------------------------------------------ length targets
 
 
@@ -199,10 +234,20 @@ def task_source(config: ml_collections.ConfigDict, split: str, levels: Sequence[
 
 
 def eval_sources(config: ml_collections.ConfigDict, size: int, seed: int,
-                 set_name: Callable[[Sequence[int]], str]) -> dict[str, Sequence[Example]]:
+                 set_name: Callable[[Sequence[int], Sequence[int]], str]
+                 ) -> dict[str, Sequence[Example]]:
     """Named evaluation sets: the eval split of each `task.eval_levels` group (procedural
-    tasks; `set_name(levels)` names it), or each file of `task.eval_files` (file tasks;
-    its first `size` examples)."""
+    tasks; `set_name(levels, train_levels)` names it), each file of `task.eval_files` (file
+    tasks; its first `size` examples), or, for a mixture, the eval split of each domain's
+    training levels, named "<domain>: <set_name>" (its examples carry "domain" and
+    "verifier")."""
+    if config.task.name == mixture.MIXTURE_TASK:
+        targets = config.task.get("length_targets", (0, 0))
+        return {f"{d.name}: {set_name(d.levels, d.levels)}": with_length_targets(
+                    [mixture.tag_example(x, d) for x in _domain_source(config, d, "eval",
+                                                                       size, seed)],
+                    targets)
+                for d in mixture_domains(config)}
     if config.task.name == "file":
         sets = {}
         for name, path in dict(config.task.eval_files).items():
@@ -210,7 +255,8 @@ def eval_sources(config: ml_collections.ConfigDict, size: int, seed: int,
                                          config.task.get("length_targets", (0, 0)))
             sets[name] = [source[i] for i in range(min(size, len(source)))]
         return sets
-    return {set_name(levels): task_source(config, "eval", levels, size, seed)
+    return {set_name(levels, config.task.train_levels):
+            task_source(config, "eval", levels, size, seed)
             for levels in config.task.eval_levels}
 
 

@@ -2,13 +2,15 @@
 
 Importing this package registers the built-in rewards: "correctness" (math answers),
 "format_strict" and "format_lenient" (the `<think>`/`<answer>` template), "countdown",
-"knights_knaves", "code" (sandboxed Python against test cases), and the length
+"knights_knaves", "code" (sandboxed Python against test cases), "domain_verifier"
+(a task mixture's rows, each by its own domain's verifier), and the length
 shaping batch rewards "length_kimi", "length_l1_exact", "length_l1_max", "length_cosine",
 "overlong_dapo".
 """
 from jaxrl_reason.rewards import (  # noqa: F401  (register the built-in rewards)
     code,
     countdown,
+    domain,
     format,
     length,
     logic,

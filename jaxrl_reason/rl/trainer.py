@@ -35,18 +35,22 @@ from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
-from jaxrl_reason.reliability import Preempted, SkipGuard, apply_if_finite, stop_requested
+from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.kernels import dispatch as kernel_dispatch
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
+from jaxrl_reason.rl.rm_reward import load_reward_component
 from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn, make_value_update_fn,
                                    token_rewards, whiten)
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
+from jaxrl_reason.evaluation import domain_metrics
 from jaxrl_reason.runtime import Runtime
 from jaxrl_reason.sampling.sampler import round_up
-from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
-                                      learning_rate_schedule, make_optimizer)
+from jaxrl_reason.sampling.tools import ToolSampleOutput, tool_loss_mask
+from jaxrl_reason.train_state import (TrainState, apply_gradients_if_finite,
+                                      create_train_state, learning_rate_schedule,
+                                      make_optimizer)
 
 TRAIN_SIZE = 10_000_000  # the procedurally generated training set is effectively unbounded
 
@@ -57,12 +61,16 @@ class Rollout:
     are jax arrays on the mesh.
 
     prompt_tokens int32 [M, Tp], prompt_valid bool [M, Tp], completion_tokens int32 [M, L],
-    mask f32 [M, L].
+    mask f32 [M, L] (the tokens the model reads: log-prob passes score the whole sequence),
+    loss_mask f32 [M, L] (the tokens the policy loss and its KL term count: `mask` itself,
+    the same array, unless some completion tokens were not sampled by the policy, i.e.
+    tool results, which are 0 here).
     """
     prompt_tokens: jax.Array
     prompt_valid: jax.Array
     completion_tokens: jax.Array
     mask: jax.Array
+    loss_mask: jax.Array
 
     def scoring_args(self) -> tuple[jax.Array, ...]:
         """The arguments of `completion_logprobs` after the params."""
@@ -235,8 +243,10 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
             batch_axes=batch_axes)
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
         in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
+        # Tool-use rollouts: result tokens (in `mask`, read by the model) carry no loss.
+        loss_mask = batch.get("loss_mask", batch["mask"])
         return kernel_dispatch.policy_loss(
-            logp, old, batch["advantages"], batch["mask"], loss_type=rl.loss_type,
+            logp, old, batch["advantages"], loss_mask, loss_type=rl.loss_type,
             epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
             beta=batch["beta"] if in_loss_kl else 0.0,
             ref_logp=batch.get("ref_logp"), max_completion_length=rl.max_new_tokens,
@@ -269,9 +279,8 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
             (loss, metrics), grads = grad_fn(state.params, batch)
         else:
             (loss, metrics), grads = accumulate(state.params, batch)
-        new_state, grad_norm = apply_gradients(state, grads, optimizer)
         # A non-finite loss or gradient leaves weights and optimizer state untouched.
-        state, ok = apply_if_finite(state, new_state, loss, grad_norm)
+        state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "loss": loss, "grad_norm": grad_norm,
                        "update_skipped": 1.0 - ok}
 
@@ -294,18 +303,23 @@ class RLTrainer:
             learning_rate_schedule(rl.learning_rate, rl.warmup_steps, rl.steps,
                                    rl.lr_decay),
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
-        self.state = create_train_state(init_params, self.optimizer)
-        # The frozen reference: a separate copy (the policy's buffers are donated).
+        self.state = self._offload_optimizer(create_train_state(init_params, self.optimizer))
+        # The frozen reference: a separate copy (the policy's buffers are donated), in host
+        # memory between its log-prob passes with rl.offload_reference.
         self.ref_params = None
         self.beta = float(rl.beta)  # the KL coefficient; moves with an adaptive KL target
         if rl.beta > 0:
             src = init_params if ref_params is None else ref_params
-            self.ref_params = jax.tree.map(jnp.copy, src)
+            self.ref_params = (shd.to_memory(src, "pinned_host")
+                               if rl.get("offload_reference", False)
+                               else jax.tree.map(jnp.copy, src))
         self.rng = jax.random.key(rt.config.seed + 1)
         source = task_source(rt.config, "train", rt.config.task.train_levels, TRAIN_SIZE,
                              seed=rt.config.seed + 1)
         self.data = example_iterator(source, batch_size=rl.batch_prompts, seed=rt.config.seed)
         self.verifier = task_verifier(rt.config)
+        # A trained reward model as one more component (rewards.reward_model_dir), on this mesh.
+        self.reward_model = load_reward_component(rt.config, rt.mesh, rt.rules, rt.tokenizer)
         self.rewards = make_reward_pool(rt.config)
         # Zero-advantage rows carry no loss term only without the KL penalty (and never with
         # per-token GAE advantages).
@@ -340,6 +354,28 @@ class RLTrainer:
             rt.model, self.value_optimizer, clip_range=v.clip_range or None,
             loss_type="bnpo", max_completion_length=self.rl.max_new_tokens,
             mesh=rt.mesh, rules=rt.rules)
+
+    # ------------------------------------------------------------------ host offload
+
+    def _reference(self):
+        """The reference params on the chips (a transient copy when they live in host
+        memory: it is freed once the log-prob pass that reads it is done)."""
+        if self.rl.get("offload_reference", False):
+            return shd.to_memory(self.ref_params, "device")
+        return self.ref_params
+
+    def _offload_optimizer(self, state: TrainState) -> TrainState:
+        """`state` with its optimizer state in host memory (rl.offload_optimizer): the
+        sampler and log-prob passes then have that HBM for the KV cache and activations."""
+        if not self.rl.get("offload_optimizer", False):
+            return state
+        return state.replace(opt_state=shd.to_memory(state.opt_state, "pinned_host"))
+
+    def _onload_optimizer(self, state: TrainState) -> TrainState:
+        """`state` with its optimizer state back on the chips for the update."""
+        if not self.rl.get("offload_optimizer", False):
+            return state
+        return state.replace(opt_state=shd.to_memory(state.opt_state, "device"))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -380,7 +416,8 @@ class RLTrainer:
         """Samples G completions per example; returns host copies: tokens int32 [N, Lmax],
         lengths int32 [N], truncated bool [N] (rows, group-major), prompt_tokens int32
         [P, Tp] / prompt_valid bool [P, Tp] (one row per example) and `length`, the training
-        length bucket that covers the longest completion."""
+        length bucket that covers the longest completion; with `config.tools` also tool_mask
+        bool [N, Lmax] (result tokens, written by the host) and tool_calls int32 [N]."""
         rt, rl = self.rt, self.rl
         prompt_tokens, prompt_valid = rt.encode_prompts(examples)
         pt, pv = rt.put_prompts(prompt_tokens), rt.put_prompts(prompt_valid)
@@ -389,8 +426,11 @@ class RLTrainer:
                          top_p=rl.top_p, top_k=rl.top_k)
         # Every process gets every row (an all-gather on multi-host): the host side below
         # (decoding, rewards, row selection) is then the same on all of them.
-        host = distributed.to_host({"tokens": out.tokens, "lengths": out.lengths,
-                                    "truncated": out.truncated, "sampler_logp": out.logprobs})
+        arrays = {"tokens": out.tokens, "lengths": out.lengths, "truncated": out.truncated,
+                  "sampler_logp": out.logprobs}
+        if isinstance(out, ToolSampleOutput):  # config.tools: result tokens in place
+            arrays.update(tool_mask=out.tool_mask, tool_calls=out.tool_calls)
+        host = distributed.to_host(arrays)
         host.update(prompt_tokens=prompt_tokens, prompt_valid=prompt_valid)
         # Train on a length bucket that covers the longest completion, not the whole budget.
         host["length"] = min(round_up(int(host["lengths"].max()), rl.train_length_bucket),
@@ -408,11 +448,15 @@ class RLTrainer:
             lengths = np.where(real, lengths, 0)
         length, put = host["length"], self.rt.put
         prompt_rows = rows // self.rl.num_generations
+        mask = put((np.arange(length)[None, :] < lengths[:, None]).astype(np.float32))
+        # Tool results are read by every pass but are not the policy's tokens: no loss, no KL.
+        loss_mask = (mask if "tool_mask" not in host else
+                     put(tool_loss_mask(lengths, length, host["tool_mask"][rows])))
         return Rollout(
             prompt_tokens=put(host["prompt_tokens"][prompt_rows]),
             prompt_valid=put(host["prompt_valid"][prompt_rows]),
-            completion_tokens=put(host["tokens"][rows, :length]),
-            mask=put((np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)))
+            completion_tokens=put(host["tokens"][rows, :length]), mask=mask,
+            loss_mask=loss_mask)
 
     def train_lengths(self, host: Mapping[str, np.ndarray]) -> np.ndarray:
         """int [N] tokens of each row that the loss sees: 0 for truncated rows when
@@ -427,14 +471,20 @@ class RLTrainer:
         return self.rollout(host), host
 
     def score(self, examples, host) -> Any:
-        """Starts host-side scoring; returns a future of BatchRewards (pass its result
-        through `agreed` before acting on it)."""
+        """Starts host-side scoring (and the reward model's, on the device, when the config
+        names one); returns a future of BatchRewards (pass its result through `agreed`
+        before acting on it)."""
         tok = self.rt.tokenizer
         texts = [tok.decode(row[:n]) for row, n in zip(host["tokens"], host["lengths"])]
         rows = [ex for ex in examples for _ in range(self.rl.num_generations)]
-        return self.rewards.submit(texts, rows, lengths=host["lengths"],
-                                   truncated=host["truncated"], max_length=self.rl.max_new_tokens,
-                                   group_size=self.rl.num_generations)
+        future = self.rewards.submit(texts, rows, lengths=host["lengths"],
+                                     truncated=host["truncated"],
+                                     max_length=self.rl.max_new_tokens,
+                                     group_size=self.rl.num_generations)
+        if self.reward_model is None:
+            return future
+        # The reward model scores the rows on the device while the host verifiers run.
+        return self.reward_model.submit(future, self.rt.put, host, self.rl.num_generations)
 
     @staticmethod
     def agreed(rewards: BatchRewards) -> BatchRewards:
@@ -489,7 +539,7 @@ class RLTrainer:
             times["time/sample_s"], t0 = time.time() - t0, time.time()
             rollout = self.rollout(host) if self.ref_params is not None else None
             ref_logp = (None if rollout is None else
-                        self.logprob_fn(self.ref_params, *rollout.scoring_args()))
+                        self.logprob_fn(self._reference(), *rollout.scoring_args()))
         else:
             ds_metrics = {}
             host = self.generate(examples, sample_rng)
@@ -499,7 +549,7 @@ class RLTrainer:
             rollout, ref_logp = None, None
             if self.ref_params is not None:  # every row carries the KL term: none skipped
                 rollout = self.rollout(host)
-                ref_logp = self.logprob_fn(self.ref_params, *rollout.scoring_args())
+                ref_logp = self.logprob_fn(self._reference(), *rollout.scoring_args())
             rewards = self.agreed(self.score(examples, host).result())
         times["time/score_s"] = time.time() - t0
 
@@ -512,7 +562,7 @@ class RLTrainer:
             times["time/train_s"] = time.time() - t0
             self.skipped_batch = ("every reward non-finite", [e.get("id") for e in examples])
             self.step_count += 1
-            return {"update_skipped": 1.0, **self._rollout_metrics(rewards, host),
+            return {"update_skipped": 1.0, **self._rollout_metrics(rewards, host, examples),
                     **ds_metrics, **times}
         if rollout is None and (self.gae or not self.skip_rows):
             rollout = self.rollout(host)
@@ -553,9 +603,12 @@ class RLTrainer:
                 advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
                 train_rows = int(real.sum())
             batch = {**vars(rollout), "advantages": self.rt.put(advantages)}
-        # Whole-batch normalizers: a subset of rows gives the whole batch's loss.
+        # Whole-batch normalizers: a subset of rows gives the whole batch's loss. Tokens are
+        # the policy's own (tool results carry no loss).
+        policy_tokens = (np.sum(train_lengths) if "tool_mask" not in host else
+                         tool_loss_mask(train_lengths, host["length"], host["tool_mask"]).sum())
         batch.update(num_sequences=np.float32(num_rows),
-                     num_tokens=np.float32(max(1, np.sum(train_lengths))),
+                     num_tokens=np.float32(max(1, policy_tokens)),
                      beta=np.float32(self.beta),
                      sampler_logp=(all_sampler_logp if rows is None
                                    else self._sampler_logp(host, rows)))
@@ -565,18 +618,20 @@ class RLTrainer:
             batch["old_logp"] = self.logprob_fn(self.state.params, *rollout.scoring_args())
         metrics = {}
         policy_frozen = self.gae and self.step_count < rl.value.warmup_steps
+        self.state = self._onload_optimizer(self.state)
         for _ in range(rl.num_iterations):
             if not policy_frozen:
                 self.state, metrics = self.update_fn(self.state, batch)
             if self.gae:
                 self.value_state, value_metrics = self.value_update_fn(self.value_state, batch)
                 metrics = {**metrics, **value_metrics}
+        self.state = self._offload_optimizer(self.state)
         self.step_count += 1
         metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
         self._after_update(metrics)
         times["time/train_s"] = time.time() - t0
         metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
-        return {**metrics, **extra_metrics, **self._rollout_metrics(rewards, host),
+        return {**metrics, **extra_metrics, **self._rollout_metrics(rewards, host, examples),
                 **ds_metrics, **times}
 
     def _sampler_logp(self, host, rows: np.ndarray | None = None) -> jax.Array:
@@ -593,10 +648,13 @@ class RLTrainer:
                                          rl.batch_prompts * rl.num_generations)
         metrics["beta"] = self.beta
         if self.ref_params is not None and rl.ref_sync_every > 0 and step % rl.ref_sync_every == 0:
-            self.ref_params = mix_reference(self.ref_params, self.state.params,
-                                            rl.ref_sync_alpha)
+            mixed = mix_reference(self._reference(), self.state.params, rl.ref_sync_alpha)
+            self.ref_params = (shd.to_memory(mixed, "pinned_host")
+                               if rl.get("offload_reference", False) else mixed)
 
-    def _rollout_metrics(self, rewards, host) -> dict[str, float]:
+    def _rollout_metrics(self, rewards, host, examples=()) -> dict[str, float]:
+        """Batch means of rewards, lengths and verdicts; for a task mixture also per domain
+        (`accuracy/<domain>`, `reward/<domain>`, `length/<domain>`, `frac/<domain>`)."""
         zero_variance = zero_variance_groups(rewards.total, self.rl.num_generations)
         lengths = host["lengths"]
         out = {
@@ -614,6 +672,10 @@ class RLTrainer:
         for name in ("format_strict", "format_lenient"):
             if name in rewards.components:
                 out["format_rate"] = out[f"reward/{name}"]
+        domains = [e.get("domain") for e in examples for _ in range(self.rl.num_generations)]
+        if any(domains) and len(domains) == len(rewards.total):
+            out.update(domain_metrics(domains, rewards.total,
+                                      rewards.components.get(self.verifier), lengths))
         return out
 
     # ------------------------------------------------------------------ the loop

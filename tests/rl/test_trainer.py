@@ -417,6 +417,40 @@ def test_adaptive_kl_and_reference_sync_in_the_loop(make_trainer):
     assert not tree_equal(jax.device_get(trainer.ref_params), initial)
 
 
+def memory_kinds(tree) -> set[str]:
+    return {x.sharding.memory_kind for x in jax.tree.leaves(tree)}
+
+
+def test_host_offload_keeps_reference_and_optimizer_off_the_chips_with_the_same_steps(
+        kl_run, make_trainer, tmp_path):
+    """rl.offload_reference / rl.offload_optimizer: between their uses the reference and the
+    optimizer state live in host memory (pinned_host), the steps are bit-identical to
+    kl_run's, and a checkpoint round trip brings them back to host memory."""
+    trainer, _, history = kl_run
+    off, _ = make_trainer(
+        "--config.rl.learning_rate=3e-3", "--config.rl.beta=0.05",
+        "--config.rl.offload_reference=True", "--config.rl.offload_optimizer=True",
+        weights={"correctness": 1.0, "format_strict": 0.1, "_test_text_length": 1.0})
+    assert memory_kinds(off.ref_params) == {"pinned_host"}
+    assert memory_kinds(off.state.opt_state) == {"pinned_host"}
+    off_history = run_steps(off, 3)
+    assert memory_kinds(off.ref_params) == {"pinned_host"}
+    assert memory_kinds(off.state.opt_state) == {"pinned_host"}
+    assert memory_kinds(off.state.params) == {"device"}
+    for ours, theirs in zip(off_history, history):
+        for key in ("loss", "kl", "grad_norm", "reward/mean"):
+            assert ours[key] == theirs[key], key
+    assert tree_equal(jax.device_get(off.state.params), jax.device_get(trainer.state.params))
+    assert tree_equal(jax.device_get(off.state.opt_state),
+                      jax.device_get(trainer.state.opt_state))
+    off.save(3)
+    saved = jax.device_get((off.state, off.ref_params))
+    assert off.restore()
+    assert memory_kinds(off.ref_params) == {"pinned_host"}
+    assert memory_kinds(off.state.opt_state) == {"pinned_host"}
+    assert tree_equal(jax.device_get((off.state, off.ref_params)), saved)
+
+
 def test_ppo_with_a_critic_runs_and_the_critic_learns(make_trainer):
     """advantage_estimator='gae': per-token advantages from the critic, KL in the token
     rewards, policy and critic both updated; the value loss falls on a repeated batch."""
