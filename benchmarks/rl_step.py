@@ -137,11 +137,12 @@ class Step:
 
         t0 = time.perf_counter()  # ---- reference log-probs
         rows = np.arange(b * g)
-        mask = (np.arange(length)[None, :] < host["lengths"][:, None]).astype(np.float32)
+        mask = self.put((np.arange(length)[None, :] < host["lengths"][:, None])
+                        .astype(np.float32))
         rollout = Rollout(prompt_tokens=self.put(prompts[rows // g]),
                           prompt_valid=self.put(valid[rows // g]),
                           completion_tokens=self.put(host["tokens"][:, :length]),
-                          mask=self.put(mask))
+                          mask=mask, loss_mask=mask)  # no tool results: the same tokens
         ref_logp = jax.block_until_ready(self.logprob_fn(self.ref_params,
                                                          *rollout.scoring_args()))
         times["reference_s"] = time.perf_counter() - t0
