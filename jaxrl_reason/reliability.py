@@ -4,8 +4,9 @@
   SIGINT (Ctrl-C) only set a flag; the training loops check it at every step boundary,
   save a checkpoint and raise `Preempted`, which the CLI turns into exit code 0. A second
   SIGINT interrupts at once (KeyboardInterrupt).
-- `apply_if_finite`: one optimizer update that leaves params and optimizer state untouched
-  when the loss or the gradient norm is not finite (inside jit, no host sync).
+- `train_state.apply_gradients_if_finite` (used by every training step): one optimizer
+  update that leaves params and optimizer state untouched when the loss or the gradient
+  norm is not finite (inside jit, no host sync).
 - `SkipGuard`: counts consecutive skipped updates on the host, logs each with the batch's
   example ids, and stops the run with a clear message after `max_consecutive` in a row.
 - `check_workdir`, `check_prompt_lengths`: problems found before anything is compiled
@@ -105,14 +106,6 @@ def stop_requested() -> bool:
 
 
 # ----------------------------------------------------------------------- numeric guards
-
-
-def apply_if_finite(old_state, new_state, loss, grad_norm):
-    """(state, ok): `new_state` when loss and grad_norm are finite, else `old_state` (every
-    leaf: params, optimizer state, step). Call inside jit; `ok` is a bool scalar."""
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, old_state)
-    return state, ok
 
 
 class SkipGuard:

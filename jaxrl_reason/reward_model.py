@@ -67,12 +67,12 @@ from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.scoring import sequence_inputs
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
                                             value_param_shardings)
-from jaxrl_reason.reliability import apply_if_finite
 from jaxrl_reason.rl.value import init_value_params
 from jaxrl_reason.sampling.sampler import left_pad, pick_bucket, right_pad, round_up
 from jaxrl_reason.tokenizers import tokenizer_from_serialized
-from jaxrl_reason.train_state import (TrainState, apply_gradients, create_train_state,
-                                      learning_rate_schedule, make_optimizer)
+from jaxrl_reason.train_state import (TrainState, apply_gradients_if_finite,
+                                      create_train_state, learning_rate_schedule,
+                                      make_optimizer)
 
 Pair = dict[str, Any]  # {"id": str, "prompt": str, "chosen": str, "rejected": str, "margin": float}
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -485,8 +485,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, *, center_coef: float = 0
         grad_fn = jax.value_and_grad(
             lambda p: pair_loss(model_cfg, p, batch, center_coef=center_coef), has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
-        new_state, grad_norm = apply_gradients(state, grads, optimizer)
-        state, ok = apply_if_finite(state, new_state, loss, grad_norm)
+        state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
     return jax.jit(step, donate_argnums=0)
