@@ -198,33 +198,31 @@ def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] 
     return report, verdicts
 
 
-def plot_curves(report: Mapping[str, Any], path: str) -> str | None:
-    """Draws each set's accuracy curves (pass@k, maj@k, best_of@k against k, log2 axis,
-    95% intervals shaded) into one PNG at `path`; returns the path, or None when matplotlib
-    is not installed or the report has no curves."""
-    curves = report.get("curves") or {}
-    if not curves:
-        return None
+def _plot_panels(path: str, panels: Mapping[str, tuple[Sequence[int], Mapping[str, Any]]], *,
+                 xlabel: str, ylabel: str, ticks=None) -> str | None:
+    """One panel per set: each series' mean (x100) against k on a log2 axis with its 95%
+    interval shaded, saved as a PNG at `path`. `panels`: {set: (ks, {label: {"mean": [K],
+    "ci95": [K]}})}; `ticks(ks)` gives the x ticks (default: every k). Returns the path, or
+    None when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.6), squeeze=False)
-    for ax, (name, curve) in zip(axes[0], curves.items()):
-        ks = np.asarray(curve["k"])
-        for metric in ("pass@k", "maj@k", "best_of@k"):
-            if metric not in curve:
-                continue
-            mean = 100 * np.asarray(curve[metric]["mean"], float)
-            half = 100 * np.nan_to_num(np.asarray(curve[metric]["ci95"], float))
-            ax.plot(ks, mean, marker="o", label=metric)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (name, (ks, series)) in zip(axes[0], panels.items()):
+        ks = np.asarray(ks)
+        for label, values in series.items():
+            mean = 100 * np.asarray(values["mean"], float)
+            half = 100 * np.nan_to_num(np.asarray(values["ci95"], float))
+            ax.plot(ks, mean, marker="o", markersize=3, label=label)
             ax.fill_between(ks, mean - half, mean + half, alpha=0.2)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ks, [str(k) for k in ks])
-        ax.set_xlabel("samples per problem (k)")
-        ax.set_ylabel("accuracy (%)")
+        shown = ks if ticks is None else ticks(ks)
+        ax.set_xticks(shown, [str(k) for k in shown])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -233,6 +231,20 @@ def plot_curves(report: Mapping[str, Any], path: str) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_curves(report: Mapping[str, Any], path: str) -> str | None:
+    """Draws each set's accuracy curves (pass@k, maj@k, best_of@k against k, log2 axis,
+    95% intervals shaded) into one PNG at `path`; returns the path, or None when matplotlib
+    is not installed or the report has no curves."""
+    curves = report.get("curves") or {}
+    if not curves:
+        return None
+    panels = {name: (curve["k"], {m: curve[m] for m in ("pass@k", "maj@k", "best_of@k")
+                                  if m in curve})
+              for name, curve in curves.items()}
+    return _plot_panels(path, panels, xlabel="samples per problem (k)",
+                        ylabel="accuracy (%)")
 
 
 def format_curves(report: Mapping[str, Any]) -> str:
@@ -425,31 +437,7 @@ def plot_pass_at_k(result: Mapping[str, Any], path: str) -> str | None:
     """Draws `compare`'s pass@k curves (k = 1..n, log2 axis, 95% intervals over seeds
     shaded), both checkpoints on one panel per set, into a PNG at `path`; returns the path,
     or None when matplotlib is not installed (the numbers are in the JSON report)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    curves = result["pass_at_k"]
-    fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.6), squeeze=False)
-    for ax, (name, curve) in zip(axes[0], curves.items()):
-        ks = np.asarray(curve["k"])
-        for label in result["labels"]:
-            mean = 100 * np.asarray(curve[label]["mean"], float)
-            half = 100 * np.nan_to_num(np.asarray(curve[label]["ci95"], float))
-            ax.plot(ks, mean, marker="o", markersize=3, label=label)
-            ax.fill_between(ks, mean - half, mean + half, alpha=0.2)
-        ax.set_xscale("log", base=2)
-        ticks = evaluation.curve_ks(int(ks[-1]))
-        ax.set_xticks(ticks, [str(k) for k in ticks])
-        ax.set_xlabel("k (samples per problem)")
-        ax.set_ylabel("pass@k (%)")
-        ax.set_title(name, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    panels = {name: (curve["k"], {label: curve[label] for label in result["labels"]})
+              for name, curve in result["pass_at_k"].items()}
+    return _plot_panels(path, panels, xlabel="k (samples per problem)", ylabel="pass@k (%)",
+                        ticks=lambda ks: evaluation.curve_ks(int(ks[-1])))
