@@ -375,8 +375,10 @@ def reward_model(fv) -> int:
     report_path = paths.join(workdir, "reward_model.json")
     _write_report(report_path, report)
     _say(f"[reward-model] held-out pairwise accuracy {100 * held_out['accuracy']:.1f}% on "
-         f"{len(held)} pairs (chance 50%), mean margin {held_out['margin']:.3f}; final "
-         f"training loss {history[-1]['loss']:.4f}, {time.time() - t0:.0f} s\nsaved: "
+         f"{len(held)} pairs (chance 50%), mean margin {held_out['margin']:.3f}"
+         + "".join(f", {k[len('accuracy/'):]} {100 * v:.1f}%" for k, v in held_out.items()
+                   if k.startswith("accuracy/"))
+         + f"; final training loss {history[-1]['loss']:.4f}, {time.time() - t0:.0f} s\nsaved: "
          f"{out_dir}\nreport: {report_path}\nuse it: --config.rewards.reward_model_dir="
          f"{workdir} --config.rewards.reward_model_weight=W")
     return 0

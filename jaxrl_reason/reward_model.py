@@ -559,7 +559,8 @@ def pairwise_accuracy(model_cfg: ModelConfig, params, tokenizer,
 
     Returns floats: "accuracy" (fraction of pairs with r_c > r_r, a tie counting 1/2),
     "margin" (mean r_c - r_r), "reward_mean" / "reward_std" (over all 2N scores: the
-    normalization an RL run may apply), "pairs" (N).
+    normalization an RL run may apply), "pairs" (N); when pairs carry a "kind" field (the
+    generated pairs' corruption, or a user's category), "accuracy/<kind>" for each kind.
     """
     scores = score_texts(model_cfg, params, tokenizer,
                          [p["prompt"] for p in pairs] * 2,
@@ -567,9 +568,13 @@ def pairwise_accuracy(model_cfg: ModelConfig, params, tokenizer,
                          mesh=mesh, rules=rules, train_cfg=train_cfg)
     rc, rr = scores[:len(pairs)], scores[len(pairs):]
     wins = np.where(rc > rr, 1.0, np.where(rc == rr, 0.5, 0.0))
-    return {"accuracy": float(np.mean(wins)), "margin": float(np.mean(rc - rr)),
-            "reward_mean": float(np.mean(scores)), "reward_std": float(np.std(scores)),
-            "pairs": float(len(pairs))}
+    result = {"accuracy": float(np.mean(wins)), "margin": float(np.mean(rc - rr)),
+              "reward_mean": float(np.mean(scores)), "reward_std": float(np.std(scores)),
+              "pairs": float(len(pairs))}
+    kinds = np.array([str(p.get("kind", "")) for p in pairs])
+    for kind in sorted(set(kinds) - {""}):
+        result[f"accuracy/{kind}"] = float(np.mean(wins[kinds == kind]))
+    return result
 
 
 # ----------------------------------------------------------------------------- checkpoints

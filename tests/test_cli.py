@@ -1,13 +1,11 @@
-"""The command line end to end on CPU: smoke runs of every config, resume, eval, sample, bad
-input, and the same RL numbers on 1 and 8 devices.
+"""The command line end to end on CPU: resume, eval, sample, export, bad input, and the same
+RL numbers on 1 and 8 devices (every config's smoke run: tests/test_configs_smoke.py).
 
 Smoke runs are shared between tests through module-scoped caches (one run costs ~20-30 s).
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import json
 import os
 import shutil
@@ -17,59 +15,17 @@ import sys
 import numpy as np
 import pytest
 
+from cli_runs import (ARITH, QUIET, REPO, load_config, phase, read_metrics, run_cli,
+                      smoke_runs)
 from jaxrl_reason import cli
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.validation import validate_config
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
-ARITH = os.path.join(REPO, "configs", "arith_grpo.py")
-MIXED = os.path.join(REPO, "configs", "mixed_grpo.py")
-RL_KEYS = ("reward/mean", "accuracy", "format_rate", "kl", "entropy", "clip_frac_low",
-           "clip_frac_high", "completion/length_mean", "completion/length_max",
-           "frac_zero_variance_groups", "time/sample_s", "time/score_s", "time/train_s")
-QUIET = ("--config.log.progress_bar=False",)
-
-
-def run_cli(*args: str) -> int:
-    """`jaxrl-reason ARGS` in this process; the exit code (parse errors raise SystemExit)."""
-    try:
-        return cli.main(["jaxrl-reason", *args])
-    except SystemExit as e:
-        return e.code
-
-
-def read_metrics(workdir) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def phase(lines: list[dict], name: str) -> list[dict]:
-    return [m for m in lines if m["phase"] == name]
-
-
-def load_config(path: str, arg: str | None = "smoke"):
-    spec = importlib.util.spec_from_file_location("config_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """config path -> workdir of a finished `train --config PATH:smoke` run (cached)."""
-    cache = {}
-
-    def get(path: str):
-        if path not in cache:
-            workdir = tmp_path_factory.mktemp("smoke") / "run"
-            rc = cli.main(["jaxrl-reason", "train", "--config", f"{path}:smoke",
-                           "--workdir", str(workdir)])
-            assert rc == 0
-            cache[path] = workdir
-        return cache[path]
-
-    return get
+    return smoke_runs(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -110,43 +66,6 @@ def device_runs(tmp_path_factory):
 
 
 # --------------------------------------------------------------------------- smoke runs
-
-
-@pytest.mark.slow
-# r1_pipeline.py's `train` is arith_grpo.py's run; its stages run in tests/test_r1_pipeline.py.
-@pytest.mark.parametrize("config_path", [c for c in CONFIGS if not c.endswith("r1_pipeline.py")],
-                         ids=os.path.basename)
-def test_smoke_train_writes_every_artifact(smoke_run, config_path):
-    workdir = smoke_run(config_path)
-    config = load_config(config_path)
-    lines = read_metrics(workdir)
-    sft, rl = phase(lines, "sft"), phase(lines, "rl")
-    assert [m["step"] for m in sft] == list(range(1, config.sft.steps + 1))
-    assert [m["step"] for m in rl] == list(range(1, config.rl.steps + 1))
-    assert all(np.isfinite(m["loss"]) for m in sft)
-    for m in rl:
-        missing = [k for k in RL_KEYS if k not in m]
-        assert not missing, f"RL step {m['step']} lacks {missing}"
-        assert all(np.isfinite(m[k]) for k in RL_KEYS), m
-        assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["format_rate"] <= 1.0
-        assert m["completion/length_max"] <= config.rl.max_new_tokens
-
-    with open(os.path.join(workdir, "eval.json")) as f:
-        report = json.load(f)
-    assert set(report["reports"]) == {"sft", "rl"}
-    for rep in report["reports"].values():
-        expected = (len(config.task.eval_files) if config.task.name == "file"
-                    else len(config.task.mixture) if config.task.name == "mixture"
-                    else len(config.task.eval_levels))
-        assert len(rep["sets"]) == expected
-        for summary in rep["sets"].values():
-            assert 0.0 <= summary["pass@1"]["mean"] <= 1.0
-            assert len(summary["pass@1"]["values"]) == len(config.eval.seeds)
-    assert "pass@1" in report["table"]
-
-    assert glob.glob(os.path.join(workdir, "tb", "events.out.tfevents*"))
-    for name, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
-        assert Checkpointer(os.path.join(workdir, "checkpoints", name)).latest_step() == steps
 
 
 @pytest.mark.slow
@@ -315,30 +234,6 @@ def test_compare_sft_and_rl_checkpoints(smoke_run, tmp_path, capsys):
            "--resamples")
     _fails(capsys, ["compare", "--a", str(tmp_path / "nope"), "--b", str(workdir)],
            "does not exist")
-
-
-@pytest.mark.slow
-def test_mixture_run_logs_and_evaluates_every_domain(smoke_run):
-    """The mixture's smoke run (shared with the every-config test): each RL step logs
-    per-domain accuracy, reward, length and share; eval.json has one set per domain."""
-    workdir = smoke_run(MIXED)
-    config = load_config(MIXED)
-    names = {entry[0] for entry in config.task.mixture}
-    seen = set()
-    for m in phase(read_metrics(workdir), "rl"):
-        domains = {k.split("/", 1)[1] for k in m if k.startswith("frac/")}
-        assert domains and domains <= names, m
-        assert sum(m[f"frac/{d}"] for d in domains) == pytest.approx(1.0)
-        for d in domains:
-            assert 0.0 <= m[f"accuracy/{d}"] <= 1.0 and np.isfinite(m[f"reward/{d}"])
-            assert m[f"length/{d}"] <= config.rl.max_new_tokens
-        seen |= domains
-    assert len(seen) >= 2
-    with open(os.path.join(workdir, "eval.json")) as f:
-        report = json.load(f)
-    for rep in report["reports"].values():
-        assert [name.split(":")[0] for name in rep["sets"]] == [e[0] for e in config.task.mixture]
-    assert os.path.getsize(os.path.join(workdir, "tokenizer.model")) > 0
 
 
 # --------------------------------------------------------------------------- bad input

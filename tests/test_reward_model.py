@@ -3,6 +3,7 @@ training run that learns a held-out preference (long2short pairs) on the "test" 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -188,6 +189,8 @@ def test_training_learns_held_out_preferences(rt, model_cfg, trained):
     assert len(history) == TRAIN_CFG.steps
     assert history[-1]["loss"] < 0.5 * history[0]["loss"]
     assert history[-1]["eval/accuracy"] > 0.9  # chance is 0.5
+    # Every held-out pair is of kind "verbose": its breakdown is the whole accuracy.
+    assert history[-1]["eval/accuracy/verbose"] == history[-1]["eval/accuracy"]
     # score_texts: float32 [N], chosen above rejected on held-out pairs.
     rc = rm.score_texts(model_cfg, params, rt.tokenizer, [p["prompt"] for p in held],
                         [p["chosen"] for p in held], mesh=rt.mesh, rules=rt.rules,
@@ -197,6 +200,26 @@ def test_training_learns_held_out_preferences(rt, model_cfg, trained):
                         train_cfg=TRAIN_CFG)
     assert rc.dtype == np.float32 and rc.shape == (len(held),)
     assert np.mean(rc > rr) > 0.9
+
+
+def test_pairwise_accuracy_breaks_down_by_kind(rt, model_cfg, trained):
+    """Per-kind accuracy = the win rate (ties 1/2) of that kind's pairs, from the scores."""
+    params, _, held = trained
+    mixed = held[:8] + rm.arithmetic_preference_pairs(8, split="eval", levels=(1,),
+                                                      corruption="truncated", seed=2)
+    result = rm.pairwise_accuracy(model_cfg, params, rt.tokenizer, mixed, mesh=rt.mesh,
+                                  rules=rt.rules, train_cfg=TRAIN_CFG)
+    score = functools.partial(rm.score_texts, model_cfg, params, rt.tokenizer, mesh=rt.mesh,
+                              rules=rt.rules, train_cfg=TRAIN_CFG)
+    prompts = [p["prompt"] for p in mixed]
+    rc = score(prompts, [p["chosen"] for p in mixed])
+    rr = score(prompts, [p["rejected"] for p in mixed])
+    wins = np.where(rc > rr, 1.0, np.where(rc == rr, 0.5, 0.0))
+    assert sorted(k for k in result if k.startswith("accuracy/")) == [
+        "accuracy/truncated", "accuracy/verbose"]
+    assert result["accuracy/verbose"] == pytest.approx(wins[:8].mean())
+    assert result["accuracy/truncated"] == pytest.approx(wins[8:].mean())
+    assert result["accuracy"] == pytest.approx(wins.mean())
 
 
 def test_score_fn_on_the_mesh(rt, model_cfg, trained):
