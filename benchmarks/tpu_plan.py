@@ -156,7 +156,8 @@ def _fmt_setting(s: str) -> str:
     return SETTING_NAMES[s]
 
 
-def markdown(results: list[dict], unrolled: list[dict]) -> str:
+def markdown(results: list[dict], unrolled: list[dict],
+             pending: list[tuple[str, str]] = ()) -> str:
     lines = [
         "# GRPO on real TPU slices, sized from a CPU",
         "",
@@ -205,6 +206,10 @@ def markdown(results: list[dict], unrolled: list[dict]) -> str:
                              f"{name} | {scanned[name]['total_gib']:.2f} | "
                              f"{v['total_gib']:.2f} | {r['compile_s']:.0f} / "
                              f"{u['compile_s']:.0f} |")
+    if pending:
+        lines += ["", "Not compiled yet (run `python benchmarks/tpu_plan.py --models ... "
+                  "--slices ...`; finished compiles are cached in tpu_plan.json): "
+                  + ", ".join(f"{m} on {s}" for m, s in pending) + "."]
     lines += ["", "Notes:", "",
               "- The sampler's figures are analytic (XLA counts the decode loop body once): "
               "weights read once per decoded token, so decode is bandwidth-bound; its MFU is "
@@ -237,41 +242,80 @@ def main() -> None:
 
     from jaxrl_reason.models.config import get_preset
     path = args.out + ".json"
-    store = json.load(open(path)) if os.path.isfile(path) else {"compiles": []}
+
+    def stored() -> list[dict]:
+        return json.load(open(path))["compiles"] if os.path.isfile(path) else []
 
     def compiled(model, slice_name, setting, layers, scan=True):
-        for c in store["compiles"]:
+        for c in stored():
             if (c["model"], c["slice"], c["setting"], c["layers"], c.get("scan")) == (
                     model, slice_name, setting, layers, scan):
                 return c
         print(f"compiling {model} on {slice_name}, setting {setting}, {layers} layers, "
               f"{'scanned' if scan else 'unrolled'}", flush=True)
         c = _subprocess(model, slice_name, setting, layers, scan)
-        store["compiles"].append(c)
-        with open(path, "w") as f:
+        # Re-read before writing: another invocation (other models) may have added compiles.
+        store = {"compiles": stored() + [c]}
+        with open(path + ".tmp", "w") as f:
             json.dump(store, f, indent=1)
+        os.replace(path + ".tmp", path)
+        write_report()
         return c
 
-    results = []
+    def write_report() -> None:
+        """The md from every stored compile (all models and slices, this run's or not)."""
+        results, pending = chosen(stored())
+        unrolled = []
+        for model, slice_name in args.unrolled:
+            pick = next((r for r in results if (r["model"], r["slice"]) == (model, slice_name)),
+                        None)
+            small, big = (next((c for c in stored() if pick and not c.get("scan", True)
+                                and (c["model"], c["slice"], c["setting"], c["layers"]) ==
+                                (model, slice_name, pick["setting"], n)), None) for n in (2, 4))
+            if small and big:
+                unrolled.append(extrapolate(small, big, get_preset(model).n_layers,
+                                            get_preset(model).num_params))
+        with open(args.out + ".md", "w") as f:
+            f.write(markdown(results, unrolled, pending))
+
     for model in args.models:
         cfg = get_preset(model)
         for slice_name in args.slices:
             for setting in args.settings:
                 r = compiled(model, slice_name, setting, cfg.n_layers)
-                if all(v["fits"] for v in figures(r).values()) or setting == args.settings[-1]:
-                    results.append(r)
+                if all(v["fits"] for v in figures(r).values()):
                     break
-    unrolled = []
     for model, slice_name in args.unrolled:
-        chosen = next(r for r in results if (r["model"], r["slice"]) == (model, slice_name))
-        small, big = (compiled(model, slice_name, chosen["setting"], n, scan=False)
-                      for n in (2, 4))
-        unrolled.append(extrapolate(small, big, get_preset(model).n_layers,
-                                    get_preset(model).num_params))
-    with open(args.out + ".md", "w") as f:
-        f.write(markdown(results, unrolled))
+        pick = next(r for r in chosen(stored())[0] if (r["model"], r["slice"]) == (model,
+                                                                                    slice_name))
+        for n in (2, 4):
+            compiled(model, slice_name, pick["setting"], n, scan=False)
+    write_report()
     print(open(args.out + ".md").read())
 
+
+def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Per (model, slice), in MODELS x SLICES order, the full-depth scanned compile reported:
+    the first setting (in SETTINGS order) that fits, else the last one tried (does not fit).
+    Also the pairs with no compile yet."""
+    results, pending = [], []
+    for model in MODELS:
+        for slice_name in SLICES:
+            tried = sorted((c for c in compiles if (c["model"], c["slice"]) == (model, slice_name)
+                            and c.get("scan", True) and "extrapolated_from" not in c
+                            and c["layers"] == _full_depth(model)),
+                           key=lambda c: list(SETTINGS).index(c["setting"]))
+            fitting = [c for c in tried if all(v["fits"] for v in figures(c).values())]
+            if tried:
+                results.append((fitting or tried)[-1 if not fitting else 0])
+            else:
+                pending.append((model, slice_name))
+    return results, pending
+
+
+def _full_depth(model: str) -> int:
+    from jaxrl_reason.models.config import get_preset
+    return get_preset(model).n_layers
 
 if __name__ == "__main__":
     main()
