@@ -183,10 +183,9 @@ def _tool_problems(config) -> list[str]:
     if tools is not None and tools.get("enabled", False):
         if not isinstance(tools.get("enabled"), bool):
             problems.append(f"tools.enabled: must be True or False, got {tools.get('enabled')!r}")
-        for key, why in (("rl.dynamic_sampling", "its merged batches drop the result-token mask"),
-                         ("rl.kl_in_reward", "the KL-in-reward sum would count result tokens")):
-            if _get(config, key, False):
-                problems.append(f"{key}: not supported with tools.enabled yet ({why})")
+        if _get(config, "rl.kl_in_reward", False):
+            problems.append("rl.kl_in_reward: not supported with tools.enabled yet (the "
+                            "KL-in-reward sum would count result tokens)")
     fraction = _get(config, "task.tool_demo_fraction", 0.0)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
             or not 0.0 <= fraction <= 1.0:

@@ -2,8 +2,12 @@
 blocks are exactly what the tools return, the exact_match / tool_use rewards, the config's
 validation, and the runtime it builds (tool tags as single tokens, a tool sampler)."""
 import collections
+import json
+import math
 import os
 import re
+
+import pytest
 
 from jaxrl_reason.config_files import sibling_config
 from jaxrl_reason.data import search_facts as sf
@@ -88,10 +92,10 @@ def test_config_validation():
     assert validate_config(config(), 1) == [] and validate_config(config("smoke"), 1) == []
     c = config("smoke")
     c.tools.shell = True
-    c.rl.dynamic_sampling = True
+    c.rl.kl_in_reward = True
     c.task.tool_demo_fraction = 1.5
     problems = validate_config(c, 1)
-    for key in ("tools.shell: unknown key", "rl.dynamic_sampling: not supported with tools",
+    for key in ("tools.shell: unknown key", "rl.kl_in_reward: not supported with tools",
                 "task.tool_demo_fraction:"):
         assert any(p.startswith(key) for p in problems), (key, problems)
     c = config("smoke")
@@ -114,3 +118,24 @@ def test_runtime_uses_tools(tmp_path):
     example = sf.make_example("train", 1, 0, 0, tool_fraction=1.0)
     ids = rt.tokenizer.encode(example["completion"])
     assert rt.tokenizer.decode(ids) == example["completion"]
+
+
+@pytest.mark.slow
+def test_tool_rollouts_with_dynamic_sampling_train(tmp_path):
+    """DAPO's dynamic sampling merges groups of several tool-use rollouts; each kept row keeps
+    its result-token mask (tests/rl/test_trainer.py checks the merge), and the run trains."""
+    from jaxrl_reason import cli
+
+    workdir = tmp_path / "run"
+    rc = cli.main(["jaxrl-reason", "train", "--config",
+                   os.path.join(REPO, "configs", "search_grpo.py:smoke"), "--workdir",
+                   str(workdir), "--config.rl.dynamic_sampling=True",
+                   "--config.rl.dynamic_sampling_max_rounds=2", "--config.rl.steps=2",
+                   "--config.log.progress_bar=False", "--config.eval.num_problems=4"])
+    assert rc == 0
+    with open(workdir / "metrics.jsonl") as f:
+        rl = [m for m in map(json.loads, f) if m["phase"] == "rl"]
+    assert [m["step"] for m in rl] == [1, 2]
+    for m in rl:
+        assert 0 <= m["dynamic_sampling/extra_rounds"] <= 2
+        assert 0.0 <= m["reward/tool_use"] <= 1.0 and math.isfinite(m["loss"])

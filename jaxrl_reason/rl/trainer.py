@@ -159,7 +159,8 @@ def merge_groups(parts, keep, group_size: int, length_bucket: int, max_length: i
     Returns:
       (examples, host, rewards) of the kept groups: prompts left-padded to the longest
       prompt bucket among them, the training length re-derived, reward reasons summed over
-      every part (they describe all scored samples).
+      every part (they describe all scored samples); with tools, each row keeps its
+      tool_mask (result tokens) and tool_calls.
     """
     g = group_size
     examples = [parts[p][0][k] for p, k in keep]
@@ -169,8 +170,9 @@ def merge_groups(parts, keep, group_size: int, length_bucket: int, max_length: i
     def left_pad(a, fill):
         return np.pad(a, ((0, 0), (tp - a.shape[1], 0)), constant_values=fill)
 
-    host = {name: np.stack([parts[p][1][name][r] for p, r in rows])
-            for name in ("tokens", "lengths", "truncated", "sampler_logp")}
+    per_row = ("tokens", "lengths", "truncated", "sampler_logp",
+               *(("tool_mask", "tool_calls") if "tool_mask" in parts[0][1] else ()))
+    host = {name: np.stack([parts[p][1][name][r] for p, r in rows]) for name in per_row}
     host["prompt_tokens"] = np.stack(
         [left_pad(parts[p][1]["prompt_tokens"], 0)[k] for p, k in keep])
     host["prompt_valid"] = np.stack(

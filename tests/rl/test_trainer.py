@@ -381,6 +381,18 @@ def test_merge_groups_pads_prompts_and_keeps_rows():
     np.testing.assert_array_equal(host["prompt_valid"][1], [False, False, True, True])
     np.testing.assert_array_equal(r.total, [100, 101, 0, 1])
     assert r.reasons["c/wrong"] == 2 and host["length"] == 3
+    assert "tool_mask" not in host
+
+    # Tool-use rollouts: each kept row brings its result-token mask and call count.
+    parts = [part(2, 0), part(4, 100)]
+    for (_, h, _), base in zip(parts, (0, 100)):
+        h["tool_mask"] = (np.arange(4 * 3).reshape(4, 3) + base) % 2 == 0
+        h["tool_calls"] = np.arange(4, dtype=np.int32) + base
+    _, host, _ = merge_groups(parts, [(1, 1), (0, 0)], 2, 4, 3)
+    np.testing.assert_array_equal(host["tool_calls"], [102, 103, 0, 1])
+    np.testing.assert_array_equal(
+        host["tool_mask"], np.concatenate([parts[1][1]["tool_mask"][2:],
+                                           parts[0][1]["tool_mask"][:2]]))
 
 
 def test_adaptive_kl_and_reference_mixing():
