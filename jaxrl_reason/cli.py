@@ -71,6 +71,9 @@ def _flag_values(command: str, argv: Sequence[str]) -> flags.FlagValues:
                             flag_values=fv)
         flags.DEFINE_bool("chat", False, "wrap the prompt in the model's chat template "
                           "(--model only)", flag_values=fv)
+        flags.DEFINE_bool("tools", True, "run the tools a checkpoint was trained with "
+                          "(config.tools): decoding pauses at each call and the result is "
+                          "written in place (--notools: plain decoding)", flag_values=fv)
         flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                           "dtype the --model weights are loaded in", flag_values=fv)
     if command == "export":

@@ -18,9 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import jax
+import ml_collections
 
 from jaxrl_reason import comparison, distributed, eval_runner, paths
 from jaxrl_reason import sharding as shd
@@ -32,8 +34,9 @@ from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl.trainer import RLTrainer
 from jaxrl_reason.run_state import load_params, phase_dir, resolve_checkpoint_dir
-from jaxrl_reason.runtime import build_runtime
+from jaxrl_reason.runtime import build_runtime, with_tools
 from jaxrl_reason.sampling.sampler import Sampler, left_pad
+from jaxrl_reason.sampling.tools import ToolSampler
 from jaxrl_reason.sft import run_sft
 from jaxrl_reason.validation import check_config
 from jaxrl_reason import distill as distillation
@@ -241,7 +244,8 @@ def compare(fv) -> int:
 
 
 def _sample_source(fv, mesh, rules):
-    """(params, ModelConfig, tokenizer) of `sample`: a run checkpoint or an HF directory."""
+    """(params, ModelConfig, tokenizer, run config or None) of `sample`: a run checkpoint
+    (with the config it was trained with, when stored) or an HF directory."""
     if bool(fv.checkpoint) == bool(fv.model):
         raise ValueError("give exactly one of --checkpoint (a run) and --model (a Hugging "
                          "Face model directory)")
@@ -249,8 +253,10 @@ def _sample_source(fv, mesh, rules):
         if fv.chat:
             raise ValueError("--chat needs --model (a run's own tokenizer has no chat "
                              "template)")
-        params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, rules)
-        return params, model_cfg, tokenizer
+        params, model_cfg, tokenizer, meta = load_params(fv.checkpoint, mesh, rules)
+        stored = meta.get("config")
+        config = ml_collections.ConfigDict(json.loads(stored)) if stored else None
+        return params, model_cfg, tokenizer, config
     from jaxrl_reason.models import hf
     from jaxrl_reason.tokenizers import load_tokenizer
     tokenizer = load_tokenizer(fv.model)  # first: a bad directory fails before any weights
@@ -258,16 +264,20 @@ def _sample_source(fv, mesh, rules):
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"{fv.model}: the tokenizer has {tokenizer.vocab_size} tokens but "
                          f"the model's embedding only {model_cfg.vocab_size} rows")
-    return params, model_cfg, tokenizer
+    return params, model_cfg, tokenizer, None
 
 
 def sample(fv) -> int:
+    """Completions of one prompt; a checkpoint trained with tools (config.tools) runs them
+    (the result blocks are printed in place) unless --notools."""
     mesh = shd.make_mesh({"data": -1})
     rules = shd.DEFAULT_RULES
-    params, model_cfg, tokenizer = _sample_source(fv, mesh, rules)
+    params, model_cfg, tokenizer, config = _sample_source(fv, mesh, rules)
     model = Transformer(model_cfg)
     sampler = Sampler(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
                       rules=rules)
+    if config is not None and fv.tools:
+        sampler = with_tools(sampler, config, tokenizer)
     if fv.chat:
         from jaxrl_reason.tokenizers import apply_chat_template
         text = apply_chat_template(tokenizer, [{"role": "user", "content": fv.prompt}])
@@ -282,6 +292,11 @@ def sample(fv) -> int:
     toks, lens = distributed.to_host((out.tokens, out.lengths))
     for row, n in zip(toks, lens):
         _say(tokenizer.decode(row[:n]))
+    if isinstance(sampler, ToolSampler):
+        calls = distributed.to_host(out.tool_calls)  # every process takes part
+        if distributed.is_primary():
+            print(f"[sample] tools {', '.join(config.tools.names)}: {int(calls.sum())} "
+                  f"call(s) answered", file=sys.stderr)
     return 0
 
 

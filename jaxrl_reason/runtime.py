@@ -195,6 +195,17 @@ def _build_tokenizer(config: ml_collections.ConfigDict,
     return tokenizer
 
 
+def with_tools(sampler: Sampler, config: ml_collections.ConfigDict,
+               tokenizer) -> Sampler | ToolSampler:
+    """`sampler` wrapped in a ToolSampler running config.tools' tools when they are enabled
+    (generation pauses at each closing tag while the host runs the call), else `sampler`."""
+    if not tools_enabled(config):
+        return sampler
+    return ToolSampler(sampler, build_tool_runner(config.tools), tokenizer,
+                       max_calls=config.tools.max_calls,
+                       max_result_tokens=config.tools.max_result_tokens)
+
+
 def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
                   tokenizer: Tokenizer | HFTokenizer | None = None,
                   devices: Sequence[jax.Device] | None = None) -> Runtime:
@@ -212,9 +223,6 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
     sampler_cls = GatheredSampler if jax.process_count() > 1 else Sampler
     sampler = sampler_cls(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
                           rules=rules)
-    if tools_enabled(config):  # generation runs tool calls (RL rollouts, eval, distill)
-        sampler = ToolSampler(sampler, build_tool_runner(config.tools), tokenizer,
-                              max_calls=config.tools.max_calls,
-                              max_result_tokens=config.tools.max_result_tokens)
+    sampler = with_tools(sampler, config, tokenizer)  # RL rollouts, eval, distill
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)

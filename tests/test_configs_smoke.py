@@ -10,9 +10,11 @@ import os
 import numpy as np
 import pytest
 
-from cli_runs import (CONFIGS, MIXED, RL_KEYS, load_config, phase, read_metrics,
-                      smoke_runs)
+from cli_runs import (CONFIGS, MIXED, REPO, RL_KEYS, load_config, phase, read_metrics,
+                      run_cli, smoke_runs)
 from jaxrl_reason.checkpointing import Checkpointer
+
+SEARCH = os.path.join(REPO, "configs", "search_grpo.py")
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +81,21 @@ def test_mixture_run_logs_and_evaluates_every_domain(smoke_run):
     for rep in report["reports"].values():
         assert [name.split(":")[0] for name in rep["sets"]] == [e[0] for e in config.task.mixture]
     assert os.path.getsize(os.path.join(workdir, "tokenizer.model")) > 0
+
+
+@pytest.mark.slow
+def test_sample_runs_the_tools_a_checkpoint_was_trained_with(smoke_run, capsys):
+    """`sample` on the search config's run wraps the sampler in the tool loop of its stored
+    config (search, calc); --notools decodes without it."""
+    from jaxrl_reason.data import search_facts
+
+    workdir = smoke_run(SEARCH)
+    prompt = search_facts.make_example("eval", 1, 0, 0)["prompt"]
+    capsys.readouterr()
+    args = ("sample", "--checkpoint", str(workdir), "--prompt", prompt, "--max-new-tokens",
+            "48", "--num_samples", "4")
+    assert run_cli(*args) == 0
+    captured = capsys.readouterr()
+    assert "[sample] tools search, calc:" in captured.err and captured.out.strip()
+    assert run_cli(*args, "--notools") == 0
+    assert "[sample] tools" not in capsys.readouterr().err
