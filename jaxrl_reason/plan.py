@@ -170,8 +170,10 @@ def _program(name, compiled, model_flops, note="", flops=None, hbm=None) -> Prog
         mosaic_calls=compiled.as_text().count('custom_call_target="tpu_custom_call"'))
 
 
-def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
-    """Compiles the config's sampler, log-prob pass and RL update for `topology`.
+def plan(config: ml_collections.ConfigDict, topology: str,
+         programs: tuple[str, ...] = PROGRAMS) -> dict[str, Any]:
+    """Compiles the config's sampler, log-prob pass and RL update (or those of `programs`
+    named) for `topology`.
 
     Traced for TPU (`kernels.platform.target`): `kernels.backend` / `model.logprobs_impl`
     "auto" choose what a TPU run would (the Pallas kernels, compiled by Mosaic, per device
@@ -185,13 +187,13 @@ def plan(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
         resolved.hf_model = ""
         config = resolved
     with kernel_platform.target("tpu"):
-        report = _plan(config, topology)
+        report = _plan(config, topology, programs)
         if config.model.get("scan_layers") and config.model.n_layers > 1:
-            report = _with_unrolled_layer_cost(config, topology, report)
+            report = _with_unrolled_layer_cost(config, topology, report, programs)
         return report
 
 
-def _with_unrolled_layer_cost(config, topology, report):
+def _with_unrolled_layer_cost(config, topology, report, programs=PROGRAMS):
     """`report` with the log-prob pass's and update's FLOPs/bytes extrapolated from 1- and
     2-layer unrolled compiles: XLA counts the scanned layer loop's body once."""
     layers = int(config.model.n_layers)
@@ -199,8 +201,8 @@ def _with_unrolled_layer_cost(config, topology, report):
     for n in (1, 2):
         small = ml_collections.ConfigDict(config.to_dict())
         small.model.n_layers, small.model.scan_layers = n, False
-        costs.append({p.name: p for p in _plan(small, topology,
-                                               programs=("log-prob pass", "update"))["programs"]})
+        wanted = tuple(p for p in ("log-prob pass", "update") if p in programs)
+        costs.append({p.name: p for p in _plan(small, topology, wanted)["programs"]})
     programs = []
     for prog in report["programs"]:
         if prog.name in costs[0]:

@@ -59,7 +59,8 @@ def test_plan_reports_a_program_that_does_not_fit_and_what_would_help():
             "--config.rl.batch_prompts=16", "--config.rl.num_generations=4",
             "--config.rl.max_new_tokens=2048", "--config.rl.train_length_bucket=64"]
     _, fv = parse(args + ["--config.model.logprobs_impl=full"])
-    report = planner.plan(fv.config, "v5e:2x2")
+    report = planner.plan(fv.config, "v5e:2x2", programs=("update",))
+    assert [p.name for p in report["programs"]] == ["update"]
     update = report["programs"][-1]
     assert update.total_bytes > report["chip"].hbm_bytes
     text = planner.format_report(report)
@@ -67,7 +68,7 @@ def test_plan_reports_a_program_that_does_not_fit_and_what_would_help():
     assert "micro-batches" in text or "mesh.fsdp" in text
 
     _, fv = parse(args)
-    lean = planner.plan(fv.config, "v5e:2x2")["programs"][-1]
+    lean = planner.plan(fv.config, "v5e:2x2", programs=("update",))["programs"][-1]
     assert lean.total_bytes < report["chip"].hbm_bytes < update.total_bytes
 
 
