@@ -23,8 +23,8 @@ from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.base import register_reward
 from jaxrl_reason.rl.advantages import group_advantages
-from jaxrl_reason.rl.trainer import (RLTrainer, adaptive_kl_beta, merge_groups, mix_reference,
-                                      ppo_advantages, select_train_rows, zero_variance_groups)
+from jaxrl_reason.rl.batches import merge_groups, select_train_rows, zero_variance_groups
+from jaxrl_reason.rl.trainer import RLTrainer, adaptive_kl_beta, mix_reference, ppo_advantages
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.train_state import create_train_state
 

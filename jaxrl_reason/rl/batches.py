@@ -1,0 +1,126 @@
+"""The update batch of an RL step and how it is cut: the `Rollout` arrays, micro-batches
+(`to_micro` / `from_micro`), the rows worth training on (`select_train_rows`,
+`zero_variance_groups`) and DAPO's merge of several sampled batches (`merge_groups`).
+Host-side functions take and return numpy arrays; `Rollout` holds arrays on the mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxrl_reason import sharding as shd
+from jaxrl_reason.rewards.pool import BatchRewards
+from jaxrl_reason.sampling.sampler import round_up
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """The update batch of one step (M rows: all N samples or a selection of them). Arrays
+    are jax arrays on the mesh.
+
+    prompt_tokens int32 [M, Tp], prompt_valid bool [M, Tp], completion_tokens int32 [M, L],
+    mask f32 [M, L] (the tokens the model reads: log-prob passes score the whole sequence),
+    loss_mask f32 [M, L] (the tokens the policy loss and its KL term count: `mask` itself,
+    the same array, unless some completion tokens were not sampled by the policy, i.e.
+    tool results, which are 0 here).
+    """
+    prompt_tokens: jax.Array
+    prompt_valid: jax.Array
+    completion_tokens: jax.Array
+    mask: jax.Array
+    loss_mask: jax.Array
+
+    def scoring_args(self) -> tuple[jax.Array, ...]:
+        """The arguments of `completion_logprobs` after the params."""
+        return self.prompt_tokens, self.prompt_valid, self.completion_tokens, self.mask
+
+
+def to_micro(x: jax.Array, k: int, sharding=None) -> jax.Array:
+    """[M, ...] -> [k, M/k, ...], micro-batch j holding rows j, k + j, 2k + j, ... (strided, so
+    each micro-batch keeps an even share of every data-parallel shard's rows)."""
+    y = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+    return y if sharding is None else jax.lax.with_sharding_constraint(y, sharding)
+
+
+def from_micro(y: jax.Array) -> jax.Array:
+    """Inverse of `to_micro`: [k, M/k, ...] -> [M, ...]."""
+    return y.swapaxes(0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+
+def _micro_sharding(mesh, rules, ndim: int):
+    """Sharding of a [k, M/k, ...] micro-batched array: rows over the batch axes."""
+    if mesh is None:
+        return None
+    spec = shd.logical_to_spec(("batch",), rules)
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *spec))
+
+
+def select_train_rows(advantages: np.ndarray, num_buckets: int, multiple: int):
+    """Rows with a nonzero advantage, padded to a bucket size.
+
+    Args:
+      advantages: f32 [N] (host).
+      num_buckets: bucket sizes are ceil(N * k / num_buckets) for k = 1..num_buckets, each
+        rounded up to a multiple of `multiple` (the data-parallel size) and capped at N.
+      multiple: int >= 1.
+    Returns:
+      (rows int32 [M], real bool [M]): indices into the N rows (padding repeats row 0) and
+      which of them are real; M is the smallest bucket holding every nonzero row (at least
+      the smallest bucket, so an all-zero batch still runs the optimizer's update).
+    """
+    n = len(advantages)
+    keep = np.flatnonzero(np.asarray(advantages) != 0)
+    sizes = sorted({min(round_up(-(-n * k // num_buckets), multiple), n)
+                    for k in range(1, num_buckets + 1)})
+    size = next(b for b in sizes if b >= len(keep))
+    rows = np.zeros(size, np.int32)
+    rows[:len(keep)] = keep
+    real = np.arange(size) < len(keep)
+    return rows, real
+
+
+def zero_variance_groups(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """bool [P]: groups (consecutive `group_size` rows of f32 [N] rewards) whose rewards are
+    all equal, so that their group-relative advantages are all 0."""
+    grouped = np.asarray(rewards).reshape(-1, group_size)
+    return np.all(grouped == grouped[:, :1], axis=1)
+
+
+def merge_groups(parts, keep, group_size: int, length_bucket: int, max_length: int):
+    """One batch from groups of several sampled-and-scored batches (DAPO dynamic sampling).
+
+    Args:
+      parts: [(examples [P_i], host dict of `RLTrainer.generate`, BatchRewards)].
+      keep: [(part index, group index)] in the order the merged batch holds them.
+    Returns:
+      (examples, host, rewards) of the kept groups: prompts left-padded to the longest
+      prompt bucket among them, the training length re-derived, reward reasons summed over
+      every part (they describe all scored samples); with tools, each row keeps its
+      tool_mask (result tokens) and tool_calls.
+    """
+    g = group_size
+    examples = [parts[p][0][k] for p, k in keep]
+    rows = [(p, k * g + j) for p, k in keep for j in range(g)]
+    tp = max(parts[p][1]["prompt_tokens"].shape[1] for p, _ in keep)
+
+    def left_pad(a, fill):
+        return np.pad(a, ((0, 0), (tp - a.shape[1], 0)), constant_values=fill)
+
+    per_row = ("tokens", "lengths", "truncated", "sampler_logp",
+               *(("tool_mask", "tool_calls") if "tool_mask" in parts[0][1] else ()))
+    host = {name: np.stack([parts[p][1][name][r] for p, r in rows]) for name in per_row}
+    host["prompt_tokens"] = np.stack(
+        [left_pad(parts[p][1]["prompt_tokens"], 0)[k] for p, k in keep])
+    host["prompt_valid"] = np.stack(
+        [left_pad(parts[p][1]["prompt_valid"], False)[k] for p, k in keep])
+    host["length"] = min(round_up(int(host["lengths"].max()), length_bucket), max_length)
+    names = parts[0][2].components
+    reasons = sum((r.reasons for _, _, r in parts), type(parts[0][2].reasons)())
+    rewards = BatchRewards(
+        total=np.array([parts[p][2].total[r] for p, r in rows], np.float32),
+        components={n: np.array([parts[p][2].components[n][r] for p, r in rows], np.float32)
+                    for n in names},
+        reasons=reasons, seconds=sum(r.seconds for _, _, r in parts))
+    return examples, host, rewards
