@@ -147,9 +147,14 @@ def test_bad_arguments():
         pool.submit(["a"], _examples(1))
 
 
-def test_many_threads_share_the_math_verifier():
+def test_many_threads_share_the_math_verifier(monkeypatch):
+    """Concurrency, not speed: generous time budgets, so that a loaded machine (the suite runs
+    two workers on two cores) cannot turn a slow first sympy parse into a 0."""
+    from jaxrl_reason.rewards import math as math_reward
+
+    monkeypatch.setattr(math_reward, "CORRECTNESS_TIMEOUT_S", 60.0)
     texts = ["\\boxed{\\sqrt{16}}", "\\boxed{2+2}", "<answer>4</answer>", "\\boxed{5}"] * 4
-    with RewardPool({"correctness": 1.0}, num_workers=4) as pool:
+    with RewardPool({"correctness": 1.0}, num_workers=4, timeout_s=120.0) as pool:
         out = pool.score(texts, _examples(len(texts)))
     np.testing.assert_allclose(out.total, [1.0, 1.0, 1.0, 0.0] * 4)
 
