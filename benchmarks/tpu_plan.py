@@ -247,10 +247,9 @@ def main() -> None:
         return json.load(open(path))["compiles"] if os.path.isfile(path) else []
 
     def compiled(model, slice_name, setting, layers, scan=True):
-        for c in stored():
-            if (c["model"], c["slice"], c["setting"], c["layers"], c.get("scan")) == (
-                    model, slice_name, setting, layers, scan):
-                return c
+        c = find(stored(), model, slice_name, setting, layers, scan)
+        if c is not None:
+            return c
         print(f"compiling {model} on {slice_name}, setting {setting}, {layers} layers, "
               f"{'scanned' if scan else 'unrolled'}", flush=True)
         c = _subprocess(model, slice_name, setting, layers, scan)
@@ -264,14 +263,16 @@ def main() -> None:
 
     def write_report() -> None:
         """The md from every stored compile (all models and slices, this run's or not)."""
-        results, pending = chosen(stored())
+        compiles = stored()
+        results, pending = chosen(compiles)
         unrolled = []
         for model, slice_name in args.unrolled:
             pick = next((r for r in results if (r["model"], r["slice"]) == (model, slice_name)),
                         None)
-            small, big = (next((c for c in stored() if pick and not c.get("scan", True)
-                                and (c["model"], c["slice"], c["setting"], c["layers"]) ==
-                                (model, slice_name, pick["setting"], n)), None) for n in (2, 4))
+            if pick is None:
+                continue
+            small, big = (find(compiles, model, slice_name, pick["setting"], n, False)
+                          for n in (2, 4))
             if small and big:
                 unrolled.append(extrapolate(small, big, get_preset(model).n_layers,
                                             get_preset(model).num_params))
@@ -294,6 +295,14 @@ def main() -> None:
     print(open(args.out + ".md").read())
 
 
+def find(compiles: list[dict], model: str, slice_name: str, setting: str, layers: int,
+         scan: bool) -> dict | None:
+    """The stored compile of exactly these settings, or None."""
+    key = (model, slice_name, setting, layers, scan)
+    return next((c for c in compiles if (c["model"], c["slice"], c["setting"], c["layers"],
+                                         c.get("scan", True)) == key), None)
+
+
 def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
     """Per (model, slice), in MODELS x SLICES order, the full-depth scanned compile reported:
     the first setting (in SETTINGS order) that fits, else the last one tried (does not fit).
@@ -306,8 +315,8 @@ def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
                             and c["layers"] == _full_depth(model)),
                            key=lambda c: list(SETTINGS).index(c["setting"]))
             fitting = [c for c in tried if all(v["fits"] for v in figures(c).values())]
-            if tried:
-                results.append((fitting or tried)[-1 if not fitting else 0])
+            if fitting or tried:
+                results.append(fitting[0] if fitting else tried[-1])
             else:
                 pending.append((model, slice_name))
     return results, pending
@@ -316,6 +325,7 @@ def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
 def _full_depth(model: str) -> int:
     from jaxrl_reason.models.config import get_preset
     return get_preset(model).n_layers
+
 
 if __name__ == "__main__":
     main()
