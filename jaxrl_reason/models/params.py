@@ -147,10 +147,10 @@ def to_layout(cfg: ModelConfig, params: dict) -> dict:
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Any:
-    """Zeroed KV cache: n_layers dicts of k, v [batch, length, n_kv_heads, head_dim], or with
-    `cfg.scan_layers` one dict of k, v [n_layers, batch, length, n_kv_heads, head_dim]."""
+    """Zeroed KV cache: n_layers dicts of k, v [batch, n_kv_heads, length, head_dim], or with
+    `cfg.scan_layers` one dict of k, v [n_layers, batch, n_kv_heads, length, head_dim]."""
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
-    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
     if cfg.scan_layers:
         shape = (cfg.n_layers,) + shape
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -161,7 +161,7 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> 
 def cache_shardings(cfg: ModelConfig, mesh: Mesh, rules: Iterable[tuple[str, Any]],
                     batch: int, length: int) -> Any:
     """Shardings matching `init_cache(cfg, batch, length)`."""
-    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
     if cfg.scan_layers:
         s = shd.named_sharding(mesh, ("layers",) + CACHE_LOGICAL, tuple(rules),
                                (cfg.n_layers,) + shape)
@@ -183,7 +183,7 @@ def pad_cache(cache: Any, extra: int) -> Any:
     """The cache with `extra` zero slots appended to its length axis (either layout)."""
     def pad(x):
         widths = [(0, 0)] * x.ndim
-        widths[_batch_axis(x) + 1] = (0, extra)
+        widths[_batch_axis(x) + 2] = (0, extra)
         return jnp.pad(x, widths)
     return jax.tree.map(pad, cache)
 
@@ -191,4 +191,4 @@ def pad_cache(cache: Any, extra: int) -> Any:
 def cache_length(cache: Any) -> int:
     """S, the number of slots of the cache (either layout)."""
     x = jax.tree.leaves(cache)[0]
-    return x.shape[_batch_axis(x) + 1]
+    return x.shape[_batch_axis(x) + 2]

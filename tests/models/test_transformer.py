@@ -199,7 +199,7 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(model_and_params, for
     logits, cache = apply(tokens[:, :prefix], positions[:, :prefix], key_valid, cache,
                           jnp.int32(0))
     assert len(cache) == model.cfg.n_layers
-    assert cache[0]["k"].shape == (batch, total, model.cfg.n_kv_heads, model.cfg.head_dim)
+    assert cache[0]["k"].shape == (batch, model.cfg.n_kv_heads, total, model.cfg.head_dim)
     np.testing.assert_allclose(np.asarray(logits[1, 2:]), np.asarray(full[1, 2:prefix]),
                                atol=1e-5)
     np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(full[0, :prefix]), atol=1e-5)
