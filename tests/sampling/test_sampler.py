@@ -324,7 +324,8 @@ def test_inverse_cdf_sampling_frequencies():
 
 
 def test_decode_attention_matches_einsum():
-    """The one-query (decode) attention equals the dot_general form it replaces."""
+    """The one-query (decode) attention over the head-major cache equals the plain
+    [B, S, K, hd] einsum attention (and `_attend`, which the prefill and training use)."""
     from jaxrl_reason.models import transformer as tr
 
     rng = np.random.default_rng(0)
@@ -333,6 +334,7 @@ def test_decode_attention_matches_einsum():
     k = jnp.asarray(rng.normal(size=(batch, s, kv, hd)), jnp.float32)
     v = jnp.asarray(rng.normal(size=(batch, s, kv, hd)), jnp.float32)
     mask = jnp.asarray(rng.uniform(size=(batch, 1, s)) < 0.7).at[:, :, 0].set(True)
+    kh, vh = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # the cache's [B, K, S, hd]
     for cfg in (CFG, CFG.replace(attn_logit_softcap=2.0, query_pre_attn_scalar=12)):
         scale = cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k) * scale ** -0.5
@@ -340,4 +342,6 @@ def test_decode_attention_matches_einsum():
             scores = cfg.attn_logit_softcap * jnp.tanh(scores / cfg.attn_logit_softcap)
         scores = jnp.where(mask[:, None, None], scores, -1e30)
         want = jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(scores, axis=-1), v)
+        np.testing.assert_allclose(tr._attend_one_query(cfg, q, kh, vh, mask), want,
+                                   atol=1e-5)
         np.testing.assert_allclose(tr._attend(cfg, q, k, v, mask), want, atol=1e-5)
