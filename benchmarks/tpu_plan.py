@@ -315,7 +315,7 @@ def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
                             and c["layers"] == _full_depth(model)),
                            key=lambda c: list(SETTINGS).index(c["setting"]))
             fitting = [c for c in tried if all(v["fits"] for v in figures(c).values())]
-            if fitting or tried:
+            if tried:
                 results.append(fitting[0] if fitting else tried[-1])
             else:
                 pending.append((model, slice_name))

@@ -150,7 +150,7 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> 
     """Zeroed KV cache: n_layers dicts of k, v [batch, n_kv_heads, length, head_dim], or with
     `cfg.scan_layers` one dict of k, v [n_layers, batch, n_kv_heads, length, head_dim]."""
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
-    shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
+    shape = _cache_shape(cfg, batch, length)
     if cfg.scan_layers:
         shape = (cfg.n_layers,) + shape
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -161,7 +161,7 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> 
 def cache_shardings(cfg: ModelConfig, mesh: Mesh, rules: Iterable[tuple[str, Any]],
                     batch: int, length: int) -> Any:
     """Shardings matching `init_cache(cfg, batch, length)`."""
-    shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
+    shape = _cache_shape(cfg, batch, length)
     if cfg.scan_layers:
         s = shd.named_sharding(mesh, ("layers",) + CACHE_LOGICAL, tuple(rules),
                                (cfg.n_layers,) + shape)
@@ -170,8 +170,19 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, rules: Iterable[tuple[str, Any
     return tuple({"k": s, "v": s} for _ in range(cfg.n_layers))
 
 
+def _cache_shape(cfg: ModelConfig, batch: int, length: int) -> tuple[int, ...]:
+    """One layer's k (or v) shape, in `CACHE_LOGICAL` order."""
+    sizes = {"batch": batch, "kv_heads": cfg.n_kv_heads, "cache_length": length,
+             "head_dim": cfg.head_dim}
+    return tuple(sizes[name] for name in CACHE_LOGICAL)
+
+
 def _batch_axis(x: jax.Array) -> int:
     return x.ndim - len(CACHE_LOGICAL)  # 0 per layer, 1 when stacked
+
+
+def _length_axis(x: jax.Array) -> int:
+    return _batch_axis(x) + CACHE_LOGICAL.index("cache_length")
 
 
 def repeat_cache(cache: Any, repeats: int) -> Any:
@@ -183,7 +194,7 @@ def pad_cache(cache: Any, extra: int) -> Any:
     """The cache with `extra` zero slots appended to its length axis (either layout)."""
     def pad(x):
         widths = [(0, 0)] * x.ndim
-        widths[_batch_axis(x) + 2] = (0, extra)
+        widths[_length_axis(x)] = (0, extra)
         return jnp.pad(x, widths)
     return jax.tree.map(pad, cache)
 
@@ -191,4 +202,4 @@ def pad_cache(cache: Any, extra: int) -> Any:
 def cache_length(cache: Any) -> int:
     """S, the number of slots of the cache (either layout)."""
     x = jax.tree.leaves(cache)[0]
-    return x.shape[_batch_axis(x) + 2]
+    return x.shape[_length_axis(x)]

@@ -317,15 +317,16 @@ class Attention(nn.Module):
 
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
         k, v = k.astype(dtype), v.astype(dtype)
-        if cache is not None and length > 1:  # prefill / a tool result: back to [B, S, K, hd]
-            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-        chunk = cfg.attention_chunk
-        if cache is not None and length == 1:
+        if cache is not None and length == 1:  # decode: reads the head-major cache in place
             out = _attend_one_query(cfg, q, k, v, mask)
-        elif chunk and length > chunk:
-            out = _chunked_attention(cfg, q, k, v, mask, chunk)
         else:
-            out = _attend(cfg, q, k, v, mask)
+            if cache is not None:  # prefill / a tool result: the cache back to [B, S, K, hd]
+                k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+            chunk = cfg.attention_chunk
+            if chunk and length > chunk:
+                out = _chunked_attention(cfg, q, k, v, mask, chunk)
+            else:
+                out = _attend(cfg, q, k, v, mask)
         out = out.reshape(batch, length, cfg.n_heads, cfg.head_dim)
         out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=dtype,
                               param_dtype=pdtype, name="o_proj",
