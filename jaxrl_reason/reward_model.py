@@ -59,6 +59,7 @@ from jax.sharding import Mesh
 
 from jaxrl_reason import distributed
 from jaxrl_reason import sharding as shd
+from jaxrl_reason.kernels import platform
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.data import arithmetic
 from jaxrl_reason.data.files import _jsonl_records
@@ -391,7 +392,8 @@ def make_score_fn(model_cfg: ModelConfig) -> Callable[..., jax.Array]:
     -> rewards f32 [N] (`reward_scores`; the arguments after the params are a rollout's
     `scoring_args()`). Inputs laid out on a mesh give outputs on that mesh; one program
     per input shape. Cached per config."""
-    return jax.jit(functools.partial(reward_scores, model_cfg))
+    return jax.jit(functools.partial(reward_scores, model_cfg),
+                   compiler_options=platform.compiler_options("dense"))
 
 
 def _pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -488,7 +490,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, *, center_coef: float = 0
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
-    return jax.jit(step, donate_argnums=0)
+    return jax.jit(step, donate_argnums=0, compiler_options=platform.compiler_options("dense"))
 
 
 def train_reward_model(model_cfg: ModelConfig, tokenizer, pairs: Sequence[Mapping[str, Any]],

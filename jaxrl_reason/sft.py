@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxrl_reason import distributed
 from jaxrl_reason import sharding as shd
+from jaxrl_reason.kernels import platform
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.models.params import init_params
@@ -101,7 +102,8 @@ def make_sft_step(model, optimizer, mesh=None, rules=()):
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
-    return jax.jit(shd.with_activation_sharding(step, mesh, rules), donate_argnums=0)
+    return jax.jit(shd.with_activation_sharding(step, mesh, rules), donate_argnums=0,
+                   compiler_options=platform.compiler_options("dense", mesh))
 
 
 def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,

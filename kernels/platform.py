@@ -38,3 +38,30 @@ def target(platform: str) -> Iterator[None]:
         yield
     finally:
         _state.platform = previous
+
+
+# XLA:CPU hands every dot to YNNPACK by default. On the 2-core AVX-512 host the benchmarks run
+# on (benchmarks/rl_step.py, A/B under the same load), the programs whose dots cover thousands
+# of rows -- the policy update and the log-prob passes -- ran 20-25% faster with Eigen's dots
+# (update 3.24 -> 2.57 s, reference pass 0.85 -> 0.63 s at bench-tiny, 10,176 rows), while the
+# sampler's decode loop, whose dots cover a few hundred rows, ran 3.7x slower with them
+# (1.07 -> 3.91 s). So "dense" programs turn YNNPACK's dots off and "decode" programs keep
+# XLA's default. TPU and GPU programs get no options.
+_CPU_PROGRAM_OPTIONS = {
+    "dense": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    "decode": {},
+}
+
+
+def compiler_options(program: str, mesh=None) -> dict[str, str] | None:
+    """XLA options for `jax.jit(..., compiler_options=...)` of a program of kind `program`
+    ("dense": training steps and scoring passes over whole sequences; "decode": the
+    sampler), for the platform of `mesh`'s devices (default: `current()`). None when there
+    is nothing to set."""
+    if program not in _CPU_PROGRAM_OPTIONS:
+        raise ValueError(f"program must be one of {sorted(_CPU_PROGRAM_OPTIONS)}, "
+                         f"got {program!r}")
+    on = mesh.devices.flat[0].platform if mesh is not None else current()
+    if getattr(_state, "platform", None) not in (None, "cpu") or on != "cpu":
+        return None
+    return dict(_CPU_PROGRAM_OPTIONS[program]) or None

@@ -36,7 +36,7 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
-from jaxrl_reason.kernels import dispatch as kernel_dispatch
+from jaxrl_reason.kernels import dispatch as kernel_dispatch, platform
 from jaxrl_reason.rl.batches import (Rollout, _micro_sharding, from_micro, merge_groups,
                                      select_train_rows, to_micro, zero_variance_groups)
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
@@ -75,7 +75,8 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
                  for x in rows]
         return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
 
-    return jax.jit(shd.with_activation_sharding(fn, mesh, rules))
+    return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
+                   compiler_options=platform.compiler_options("dense", mesh))
 
 
 def adaptive_kl_beta(beta: float, kl: float, target: float, horizon: float,
@@ -176,7 +177,8 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
         return state, {**metrics, "loss": loss, "grad_norm": grad_norm,
                        "update_skipped": 1.0 - ok}
 
-    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0)
+    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0,
+                   compiler_options=platform.compiler_options("dense", mesh))
 
 
 class RLTrainer:

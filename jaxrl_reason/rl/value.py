@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxrl_reason import sharding as shd
+from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.scoring import sequence_inputs
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
@@ -342,7 +343,8 @@ def make_value_fn(model, mesh=None, rules=()):
         return completion_values(model, value_params, prompt_tokens, prompt_valid,
                                  completion_tokens, mask)
 
-    return jax.jit(shd.with_activation_sharding(fn, mesh, rules))
+    return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
+                   compiler_options=platform.compiler_options("dense", mesh))
 
 
 def make_value_update_fn(model, optimizer, *, clip_range: float | None,
@@ -375,4 +377,5 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
         state, grad_norm = apply_gradients(state, grads, optimizer)
         return state, {**metrics, "value_grad_norm": grad_norm}
 
-    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0)
+    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0,
+                   compiler_options=platform.compiler_options("dense", mesh))
