@@ -137,11 +137,10 @@ class Step:
         times["score_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()  # ---- reference log-probs
-        rows = np.arange(b * g)
         mask = self.put((np.arange(length)[None, :] < host["lengths"][:, None])
                         .astype(np.float32))
-        rollout = Rollout(prompt_tokens=self.put(prompts[rows // g]),
-                          prompt_valid=self.put(valid[rows // g]),
+        # RLTrainer.rollout's layout: a prompt per group, run once by the log-prob passes.
+        rollout = Rollout(prompt_tokens=self.put(prompts), prompt_valid=self.put(valid),
                           completion_tokens=self.put(host["tokens"][:, :length]),
                           mask=mask, loss_mask=mask)  # no tool results: the same tokens
         ref_logp = jax.block_until_ready(self.logprob_fn(self.ref_params,
@@ -197,15 +196,18 @@ def main(argv=None) -> int:
     length = timed[-1]["length"]
     sample_flops = sampler_flops(cfg, {"n_prompts": b, "prompt_len": tp, "new_tokens": new},
                                  rows)
-    seq = tp + length - 1  # the scoring forward runs on prompt + completion[:-1]
-    keys = rows * roofline.causal_keys(0, seq)
-    ref_flops = roofline.forward_flops(cfg, rows * seq, keys)
-    train_flops = roofline.train_flops(cfg, rows * seq, keys)
+    # The scoring passes run each group's prompt once (b x tp tokens), then every row's
+    # completion[:-1] against its prompt's cache: the FLOPs counted are those executed.
+    scored = b * tp + rows * (length - 1)
+    keys = b * roofline.causal_keys(0, tp) + rows * roofline.causal_keys(tp, length - 1)
+    ref_flops = roofline.forward_flops(cfg, scored, keys)
+    train_flops = roofline.train_flops(cfg, scored, keys)
     decode_rate = roofline.matmul_rate(cfg, rows)["flop_per_s"]
-    train_rate = roofline.matmul_rate(cfg, rows * seq)["flop_per_s"]
+    train_rate = roofline.matmul_rate(cfg, scored)["flop_per_s"]
     result = {
         "system": "jaxrl_reason GRPO step", "model": name, "n_params": cfg.num_params,
-        "completions_per_step": rows, "new_tokens": new,
+        "completions_per_step": rows, "new_tokens": new, "scored_tokens": scored,
+        "scored_tokens_per_row_layout": rows * (tp + length - 1),
         "step_s_median": med("step_s"), "step_s_min": min(s["step_s"] for s in timed),
         "step_s_all": [s["step_s"] for s in steps],
         "split_s_median": {k: med(k + "_s") for k in ("sample", "score", "reference", "train")},

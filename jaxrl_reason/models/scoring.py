@@ -1,17 +1,24 @@
 """Scoring given completions: per-token log-probs and entropies of a prompt + completion batch.
 
 Used by SFT (the loss), the RL trainer (policy, old and reference log-probs) and evaluation.
-The layout is the sampler's: prompts left-padded to a bucket, completions right-padded.
+The layout is the sampler's: prompts left-padded to a bucket, completions right-padded. The
+prompts come one per completion row, or one per group of G consecutive rows (the sampler's
+and the RL trainer's layout): each prompt then runs once and its KV cache serves its G
+completions, as in the sampler's prefill.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.kernels.logprobs import chunked_logprobs, token_logprobs
-from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.models.params import init_cache, pad_cache, repeat_cache
+from jaxrl_reason.models.transformer import CACHE_LOGICAL, Transformer
+from jaxrl_reason.sharding import constrain
 
 
 def sequence_inputs(prompt_tokens, prompt_valid, completion_tokens, completion_mask):
@@ -68,7 +75,9 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
 
     Args:
       model, params: the decoder and its params.
-      prompt_tokens: int32 [N, Tp]; prompt_valid: bool [N, Tp] (left-padded).
+      prompt_tokens: int32 [P, Tp]; prompt_valid: bool [P, Tp] (left-padded); P = N (a
+        prompt per row) or N / G (a prompt per group of G consecutive rows, run once: see
+        `completion_hidden`).
       completion_tokens: int32 [N, L]; completion_mask: [N, L] (1 for real tokens).
       temperature: python float > 0.
       mesh, batch_axes: the mesh and the mesh axes of the row dim; used only by the "pallas"
@@ -76,13 +85,8 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
     Returns:
       logp f32 [N, L] (0 where masked) and entropy f32 [N, L] (zeros if not with_entropy).
     """
-    tokens, positions, valid = sequence_inputs(prompt_tokens, prompt_valid, completion_tokens,
-                                               completion_mask)
-    prompt_len, length = prompt_tokens.shape[1], completion_tokens.shape[1]
-    # Hidden states at the positions that predict the completion tokens.
-    hidden, _ = model.apply({"params": params}, tokens[:, :-1], positions[:, :-1],
-                            valid[:, :-1], return_hidden=True)
-    hidden = hidden[:, prompt_len - 1: prompt_len - 1 + length]
+    hidden = completion_hidden(model, params, prompt_tokens, prompt_valid, completion_tokens,
+                               completion_mask)
     mask = completion_mask.astype(jnp.float32)
     impl = logprobs_impl(model.cfg)
     if impl == "pallas":
@@ -107,6 +111,60 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
     else:
         entropy = jnp.zeros_like(logp)
     return logp * mask, entropy * mask
+
+
+def completion_hidden(model: Transformer, params, prompt_tokens, prompt_valid,
+                      completion_tokens, completion_mask) -> jax.Array:
+    """Final hidden states at the positions that predict each completion token.
+
+    Args:
+      prompt_tokens: int32 [P, Tp], prompt_valid: bool [P, Tp] (left-padded), where N = P * G:
+        prompt i is that of completion rows i * G ... i * G + G - 1 (G = 1: one per row).
+      completion_tokens: int32 [N, L]; completion_mask: [N, L] (1 for real tokens).
+    Returns: hidden [N, L, D] in the model's dtype; hidden[:, j] predicts completion token j.
+
+    With G > 1 each prompt runs once: its KV cache, repeated for its G rows (the gradient of
+    the repeat sums over them), serves the completions, which run with cache_index = Tp.
+    The values are those of the per-row pass (same keys, masks and positions; only float
+    summation order may differ); the work drops from N (Tp + L - 1) token passes to
+    P Tp + N (L - 1).
+    """
+    num_prompts, prompt_len = prompt_tokens.shape
+    num_rows, length = completion_tokens.shape
+    if num_rows % num_prompts:
+        raise ValueError(f"{num_rows} completion rows cannot share {num_prompts} prompts: "
+                         "need one prompt per row or per group of consecutive rows")
+    group = num_rows // num_prompts
+    apply = functools.partial(model.apply, {"params": params}, return_hidden=True)
+    if group == 1:
+        tokens, positions, valid = sequence_inputs(prompt_tokens, prompt_valid,
+                                                   completion_tokens, completion_mask)
+        hidden, _ = apply(tokens[:, :-1], positions[:, :-1], valid[:, :-1])
+        return hidden[:, prompt_len - 1: prompt_len - 1 + length]
+    cfg = model.cfg
+    prompt_positions = jnp.maximum(jnp.cumsum(prompt_valid.astype(jnp.int32), axis=1) - 1, 0)
+    prompt_hidden, cache = apply(prompt_tokens, prompt_positions, prompt_valid,
+                                 init_cache(cfg, num_prompts, prompt_len), 0)
+    first = jnp.repeat(prompt_hidden[:, -1:], group, axis=0)          # predicts token 0
+    if length == 1:
+        return first
+    cache = repeat_cache(cache, group)
+    cache = jax.tree.map(
+        lambda x: constrain(x, ("layers",) * (x.ndim - len(CACHE_LOGICAL)) + CACHE_LOGICAL),
+        pad_cache(cache, length - 1))
+    valid = completion_mask[:, :-1].astype(bool)                       # [N, L - 1]
+    prompt_counts = jnp.repeat(jnp.sum(prompt_valid, axis=1, dtype=jnp.int32), group)
+    positions = jnp.maximum(
+        prompt_counts[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    key_valid = jnp.concatenate([jnp.repeat(prompt_valid, group, axis=0), valid], axis=1)
+    hidden, _ = apply(completion_tokens[:, :-1], positions, key_valid, cache, prompt_len)
+    return jnp.concatenate([first, hidden], axis=1)
+
+
+def per_row_prompts(prompt_x: jax.Array, num_rows: int) -> jax.Array:
+    """[P, ...] prompt rows (one per group of N / P consecutive completion rows) -> [N, ...],
+    one per row: the layout row-wise slicing (micro-batches) needs."""
+    return jnp.repeat(prompt_x, num_rows // prompt_x.shape[0], axis=0)
 
 
 def completion_mask_from_lengths(lengths: jax.Array, length: int) -> jax.Array:

@@ -20,7 +20,8 @@ class Rollout:
     """The update batch of one step (M rows: all N samples or a selection of them). Arrays
     are jax arrays on the mesh.
 
-    prompt_tokens int32 [M, Tp], prompt_valid bool [M, Tp], completion_tokens int32 [M, L],
+    prompt_tokens int32 [P, Tp], prompt_valid bool [P, Tp] (P = M: a prompt per row, or
+    M / G: a prompt per group of G consecutive rows), completion_tokens int32 [M, L],
     mask f32 [M, L] (the tokens the model reads: log-prob passes score the whole sequence),
     loss_mask f32 [M, L] (the tokens the policy loss and its KL term count: `mask` itself,
     the same array, unless some completion tokens were not sampled by the policy, i.e.

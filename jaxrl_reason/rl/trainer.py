@@ -32,7 +32,7 @@ from jaxrl_reason import distributed
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
-from jaxrl_reason.models.scoring import completion_logprobs
+from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
@@ -68,9 +68,13 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
                                       with_entropy=False, mesh=mesh, batch_axes=batch_axes)
         return logp
 
-    def fn(params, *rows):
+    def fn(params, prompt_tokens, prompt_valid, completion_tokens, mask):
+        rows = (prompt_tokens, prompt_valid, completion_tokens, mask)
         if micro_batches == 1:
             return one(params, *rows)
+        n = completion_tokens.shape[0]  # micro-batches slice rows: a prompt per row
+        rows = (per_row_prompts(prompt_tokens, n), per_row_prompts(prompt_valid, n),
+                completion_tokens, mask)
         micro = [to_micro(x, micro_batches, _micro_sharding(mesh, rules, x.ndim + 1))
                  for x in rows]
         return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
@@ -152,6 +156,9 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(params, batch):
+        n = batch["completion_tokens"].shape[0]  # micro-batches slice rows: a prompt per row
+        batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], n),
+                 "prompt_valid": per_row_prompts(batch["prompt_valid"], n)}
         rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
         consts = {n: x for n, x in batch.items() if jnp.ndim(x) == 0}
         micro = {n: to_micro(x, k, _micro_sharding(mesh, rules, x.ndim + 1))
@@ -334,21 +341,32 @@ class RLTrainer:
     def rollout(self, host: Mapping[str, np.ndarray], rows: np.ndarray | None = None,
                 real: np.ndarray | None = None) -> Rollout:
         """The update batch of `rows` (int [M], default all N) of `generate`'s output; rows
-        whose `real` (bool [M]) is False are padding and get an all-zero mask."""
+        whose `real` (bool [M]) is False are padding and get an all-zero mask.
+
+        With every row in order (and no critic, whose passes take a prompt per row), the
+        prompts stay one per group [P, Tp]: the log-prob passes then run each prompt once
+        and share its KV cache with its G completions (`completion_hidden`)."""
+        n = len(host["lengths"])
+        if (rows is not None and np.array_equal(rows, np.arange(n))
+                and (real is None or np.all(real))):
+            rows = real = None
+        shared = rows is None and not self.gae
         if rows is None:
-            rows = np.arange(len(host["lengths"]))
+            rows = np.arange(n)
         lengths = self.train_lengths(host)[rows]
         if real is not None:
             lengths = np.where(real, lengths, 0)
         length, put = host["length"], self.rt.put
-        prompt_rows = rows // self.rl.num_generations
+        prompt_rows = (np.arange(len(host["prompt_tokens"])) if shared
+                       else rows // self.rl.num_generations)
         mask = put((np.arange(length)[None, :] < lengths[:, None]).astype(np.float32))
         # Tool results are read by every pass but are not the policy's tokens: no loss, no KL.
         loss_mask = (mask if "tool_mask" not in host else
                      put(tool_loss_mask(lengths, length, host["tool_mask"][rows])))
+        put_prompts = self.rt.put_prompts if shared else put
         return Rollout(
-            prompt_tokens=put(host["prompt_tokens"][prompt_rows]),
-            prompt_valid=put(host["prompt_valid"][prompt_rows]),
+            prompt_tokens=put_prompts(host["prompt_tokens"][prompt_rows]),
+            prompt_valid=put_prompts(host["prompt_valid"][prompt_rows]),
             completion_tokens=put(host["tokens"][rows, :length]), mask=mask,
             loss_mask=loss_mask)
 

@@ -72,3 +72,57 @@ def test_chunked_attention_equals_full_attention_values_and_gradients(chunk):
     np.testing.assert_allclose(logp_c, logp_f, atol=1e-5)
     for a, b in zip(jax.tree.leaves(gc), jax.tree.leaves(gf)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant, devices", [
+    ("plain", 1), ("plain", 4),
+    ("gemma_like", 1),       # sliding window + softcaps + qk-norm, scanned layers
+    ("chunked_pallas", 1),   # query-chunked attention, Pallas log-probs
+])
+def test_shared_prompts_equal_per_row_prompts_values_and_gradients(variant, devices):
+    """A prompt per group of G rows (each prompt run once, its cache shared) gives the
+    per-row pass's log-probs, entropies and gradients: left padding, masked tails, a row
+    with one real token and a row with none."""
+    mesh = shd.make_mesh({"data": -1}, jax.devices()[:devices])
+    cfg = dataclasses.replace(get_preset("test"), logprobs_impl="full")
+    if variant == "gemma_like":
+        cfg = dataclasses.replace(cfg, sliding_window=5, sliding_window_pattern=2,
+                                  attn_logit_softcap=20.0, final_logit_softcap=15.0,
+                                  qk_norm=True, scan_layers=True)
+    if variant == "chunked_pallas":
+        cfg = dataclasses.replace(cfg, attention_chunk=4, logprobs_impl="pallas")
+    params = init_params(cfg, jax.random.key(2), mesh, shd.DEFAULT_RULES)
+    rng = np.random.default_rng(2)
+    p, g, tp, length = 2, 4, 6, 9
+    prompt = jnp.asarray(rng.integers(3, cfg.vocab_size, (p, tp)), jnp.int32)
+    valid = jnp.asarray(np.arange(tp)[None, :] >= np.array([[0], [3]]))
+    completion = jnp.asarray(rng.integers(3, cfg.vocab_size, (p * g, length)), jnp.int32)
+    lengths = np.array([[9], [4], [1], [0], [7], [9], [2], [5]])
+    mask = jnp.asarray(np.arange(length)[None, :] < lengths, jnp.float32)
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    completion, mask = jax.device_put((completion, mask), rows)
+    model = Transformer(cfg)
+
+    def loss(params, prompt_rows, valid_rows):
+        logp, ent = completion_logprobs(model, params, prompt_rows, valid_rows, completion,
+                                        mask, temperature=0.8, mesh=mesh, batch_axes="data")
+        return jnp.sum(logp * 1.1) + jnp.sum(ent * 0.3), (logp, ent)
+
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    (_, (logp_s, ent_s)), g_s = grad(params, prompt, valid)
+    (_, (logp_r, ent_r)), g_r = grad(params, jnp.repeat(prompt, g, 0), jnp.repeat(valid, g, 0))
+    np.testing.assert_allclose(logp_s, logp_r, atol=2e-5)
+    np.testing.assert_allclose(ent_s, ent_r, atol=2e-5)
+    assert np.all(np.asarray(logp_s)[3] == 0) and np.all(np.asarray(logp_s)[0] < 0)
+    for a, b in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_r)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_prompts_must_divide_the_rows():
+    cfg = get_preset("test")
+    params = init_params(cfg, jax.random.key(0), shd.make_mesh({"data": 1}, jax.devices()[:1]),
+                         shd.DEFAULT_RULES)
+    with pytest.raises(ValueError, match="5 completion rows cannot share 2 prompts"):
+        completion_logprobs(Transformer(cfg), params, jnp.ones((2, 3), jnp.int32),
+                            jnp.ones((2, 3), bool), jnp.ones((5, 4), jnp.int32),
+                            jnp.ones((5, 4)))
