@@ -481,7 +481,10 @@ def policy_loss(
         tok = tok + beta * kl_tok
     if entropy is not None:
         ent_tok = clean(entropy, False)
-        tok = tok - entropy_coef * ent_tok
+        # A constant zero coefficient leaves the entropy a metric: no backward pass through
+        # it (0 * x is not folded away for floats, so the [B, L, V] softmax would be).
+        if not (isinstance(entropy_coef, numbers.Real) and entropy_coef == 0):
+            tok = tok - entropy_coef * ent_tok
 
     aggregate = LOSS_AGGREGATIONS[loss_type]
     loss = aggregate(tok, m, max_completion_length, num_tokens_global, num_sequences)
