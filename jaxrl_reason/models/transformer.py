@@ -32,6 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.sharding import constrain
 
@@ -219,12 +220,25 @@ def _attend(cfg: ModelConfig, q, k, v, mask):
     """Softmax attention of q [B, T, K, G, hd] over k, v [B, S, K, hd] with mask bool
     [B, T, S] (True = may attend); scores and softmax in float32. Returns [B, T, K, G, hd]
     in q's dtype."""
-    scores = einsum_f32("btkgd,bskd->bkgts", q, k) * (scale_dim_of(cfg) ** -0.5)
+    cpu_f32 = q.dtype == jnp.float32 and platform.current() == "cpu"
+    if cpu_f32:  # [B, K, G*T, hd] x [B, K, hd, S]: see narrow_transpose_matmul
+        batch, length, kv_heads, groups, head_dim = q.shape
+        heads_q = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, -1, head_dim)
+        scores = narrow_transpose_matmul(heads_q, jnp.transpose(k, (0, 2, 3, 1)))
+        scores = scores.reshape(batch, kv_heads, groups, length, -1)
+    else:
+        scores = einsum_f32("btkgd,bskd->bkgts", q, k)
+    scores = scores * (scale_dim_of(cfg) ** -0.5)
     if cfg.attn_logit_softcap is not None:
         cap = cfg.attn_logit_softcap
         scores = cap * jnp.tanh(scores / cap)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    if cpu_f32:
+        out = narrow_transpose_matmul(probs.reshape(batch, kv_heads, groups * length, -1),
+                                      jnp.swapaxes(v, 1, 2))          # [B, K, G*T, hd]
+        return jnp.transpose(out.reshape(batch, kv_heads, groups, length, head_dim),
+                             (0, 3, 1, 2, 4))
     return jnp.einsum("bkgts,bskd->btkgd", probs, v)
 
 
@@ -334,6 +348,57 @@ class Attention(nn.Module):
         return out, new_cache
 
 
+def _swap(x: jax.Array) -> jax.Array:
+    return jnp.swapaxes(x, -1, -2)
+
+
+@jax.custom_vjp
+def narrow_transpose_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., M, K] @ w [..., K, N] (or w [K, N], shared by all rows), whose backward
+    contracts the rows M with the narrower of x and the gradient transposed and materialized
+    first. Same values as `jnp.matmul`, forward and backward.
+
+    Left to itself, XLA:CPU fuses the transpose of the wider operand into the elementwise
+    backward that produces it (the MLP's [T, mlp_hidden] gate gradient, the [T, vocab] logits
+    gradient, the [T, S] attention probabilities): a strided write that cost 30-90 ms per
+    layer in bench-tiny's update. The narrower operand's transpose is a plain copy of a
+    fraction of that size.
+    """
+    return jnp.matmul(x, w)
+
+
+def _narrow_transpose_matmul_fwd(x, w):
+    return jnp.matmul(x, w), (x, w)
+
+
+def _narrow_transpose_matmul_bwd(residuals, g):
+    x, w = residuals
+    grad_x = jnp.matmul(g, _swap(w).astype(g.dtype)).astype(x.dtype)
+    if w.ndim == 2:  # one weight for every row: contract all of them
+        x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    if x.shape[-1] <= g.shape[-1]:
+        grad_w = jnp.matmul(jax.lax.optimization_barrier(_swap(x)), g.astype(x.dtype))
+    else:
+        grad_w = _swap(jnp.matmul(jax.lax.optimization_barrier(_swap(g)), x.astype(g.dtype)))
+    return grad_x, grad_w.astype(w.dtype)
+
+
+narrow_transpose_matmul.defvjp(_narrow_transpose_matmul_fwd, _narrow_transpose_matmul_bwd)
+
+
+def cpu_dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                          preferred_element_type=None):
+    """`lax.dot_general` for a Dense layer ([..., K] x [K, N]) through
+    `narrow_transpose_matmul` (the weight gradient transposes the narrower operand); other
+    contractions go to lax. For flax's `nn.Dense(dot_general=...)` on CPU."""
+    (lhs_c, rhs_c), batch = dimension_numbers
+    if (batch != ((), ()) or tuple(lhs_c) != (lhs.ndim - 1,) or tuple(rhs_c) != (0,)
+            or rhs.ndim != 2 or precision is not None or preferred_element_type is not None):
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type)
+    return narrow_transpose_matmul(lhs, rhs)
+
+
 class MLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)). SwiGLU with silu, GeGLU with gelu_tanh."""
     cfg: ModelConfig
@@ -342,9 +407,10 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.cfg
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        dot = cpu_dense_dot_general if platform.current() == "cpu" else None
         dense = lambda feats, logical, name: nn.Dense(  # noqa: E731
             feats, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
-            kernel_init=_init(cfg, logical))
+            kernel_init=_init(cfg, logical), dot_general=dot)
         hidden = ("batch", "length", "mlp")
         gate = constrain(dense(cfg.mlp_hidden, ("embed", "mlp"), "gate_proj")(x), hidden)
         up = constrain(dense(cfg.mlp_hidden, ("embed", "mlp"), "up_proj")(x), hidden)
@@ -465,6 +531,9 @@ class Transformer(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> float32 logits [..., V] (with Gemma-2 soft-capping if set)."""
         w = self.unembedding().astype(hidden.dtype)
-        logits = einsum_f32("...d,dv->...v", hidden, w)
+        if hidden.dtype == jnp.float32 and platform.current() == "cpu":
+            logits = cpu_dense_dot_general(hidden, w, (((hidden.ndim - 1,), (0,)), ((), ())))
+        else:
+            logits = einsum_f32("...d,dv->...v", hidden, w)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)

@@ -87,8 +87,10 @@ def test_remat_reduces_temp_memory(compiled_grads):
     temp = {remat: compiled_grads[remat][0] for remat in REMATS}
     barriers = {remat: compiled_grads[remat][1] for remat in REMATS}
     print("temp bytes of the gradient program:", temp)
-    assert barriers["none"] == 0
-    assert barriers["block"] == barriers["save_dots"] == SHAPES["n_layers"]
+    # One barrier per rematerialized block, on top of those the CPU backward of
+    # narrow_transpose_matmul places (as many with every remat setting).
+    assert barriers["block"] - barriers["none"] == SHAPES["n_layers"], barriers
+    assert barriers["save_dots"] - barriers["none"] == SHAPES["n_layers"], barriers
     # Measured: none 11.1 MB, block 3.5 MB, save_dots 4.3 MB.
     assert temp["block"] < 0.5 * temp["none"], temp
     assert temp["save_dots"] < 0.6 * temp["none"], temp

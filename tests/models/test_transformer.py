@@ -356,3 +356,46 @@ def test_bf16_compute_with_float32_master_weights(model_and_params):
     logp32, entropy32 = jax.jit(lambda p: loss(p, model32)[1])(params)
     np.testing.assert_allclose(np.asarray(logp), np.asarray(logp32), rtol=0.05, atol=0.1)
     np.testing.assert_allclose(np.asarray(entropy), np.asarray(entropy32), rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("x_shape, w_shape", [
+    ((3, 5, 8), (8, 24)),       # a Dense layer, x narrower: its transpose is materialized
+    ((3, 5, 24), (24, 8)),      # a Dense layer, the gradient narrower
+    ((2, 3, 7, 4), (2, 3, 4, 9)),   # batched (attention scores): q narrower
+    ((2, 3, 7, 9), (2, 3, 9, 4)),   # batched (probs x values): the gradient narrower
+])
+def test_narrow_transpose_matmul_equals_matmul_values_and_gradients(x_shape, w_shape):
+    from jaxrl_reason.models.transformer import narrow_transpose_matmul
+    x = jax.random.normal(jax.random.key(0), x_shape)
+    w = jax.random.normal(jax.random.key(1), w_shape)
+    cot = jax.random.normal(jax.random.key(2), jnp.matmul(x, w).shape)
+    loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b)) * cot)  # noqa: E731
+    np.testing.assert_allclose(narrow_transpose_matmul(x, w), jnp.matmul(x, w), rtol=1e-6)
+    got = jax.jit(jax.grad(loss(narrow_transpose_matmul), argnums=(0, 1)))(x, w)
+    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [None, 20.0])
+def test_cpu_attention_layout_equals_the_einsum_form_values_and_gradients(softcap):
+    """On CPU (float32) `_attend` runs [B, K, G*T, hd] matmuls through
+    narrow_transpose_matmul; the einsum form (what other platforms trace) is the reference."""
+    from jaxrl_reason.kernels import platform
+    from jaxrl_reason.models.transformer import _attend
+    cfg = models.get_preset("test", attn_logit_softcap=softcap)
+    b, t, s, kv, g, hd = 2, 5, 7, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    q = jax.random.normal(jax.random.key(0), (b, t, kv, g, hd))
+    k = jax.random.normal(jax.random.key(1), (b, s, kv, hd))
+    v = jax.random.normal(jax.random.key(2), (b, s, kv, hd))
+    mask = (jnp.arange(s)[None, None, :] <= jnp.arange(t)[None, :, None] + 2) & (
+        jnp.arange(s)[None, None, :] >= jnp.array([0, 3])[:, None, None])
+    cot = jax.random.normal(jax.random.key(3), q.shape)
+    loss = lambda *a: jnp.sum(_attend(cfg, *a, mask) * cot)  # noqa: E731
+    got = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+    with platform.target("tpu"):
+        want = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for a, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5)
