@@ -61,7 +61,9 @@ def compiler_options(program: str, mesh=None) -> dict[str, str] | None:
     if program not in _CPU_PROGRAM_OPTIONS:
         raise ValueError(f"program must be one of {sorted(_CPU_PROGRAM_OPTIONS)}, "
                          f"got {program!r}")
-    on = mesh.devices.flat[0].platform if mesh is not None else current()
-    if getattr(_state, "platform", None) not in (None, "cpu") or on != "cpu":
+    target_platform = getattr(_state, "platform", None)  # an AOT build's target comes first
+    on = target_platform or (mesh.devices.flat[0].platform if mesh is not None
+                             else jax.default_backend())
+    if on != "cpu":
         return None
     return dict(_CPU_PROGRAM_OPTIONS[program]) or None

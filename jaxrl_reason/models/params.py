@@ -190,6 +190,13 @@ def repeat_cache(cache: Any, repeats: int) -> Any:
     return jax.tree.map(lambda x: jnp.repeat(x, repeats, axis=_batch_axis(x)), cache)
 
 
+def constrain_cache(cache: Any) -> Any:
+    """The cache constrained to its logical axes under the active
+    `sharding.activation_sharding` context (either layout); unchanged outside one."""
+    return jax.tree.map(
+        lambda x: shd.constrain(x, ("layers",) * _batch_axis(x) + CACHE_LOGICAL), cache)
+
+
 def pad_cache(cache: Any, extra: int) -> Any:
     """The cache with `extra` zero slots appended to its length axis (either layout)."""
     def pad(x):

@@ -16,9 +16,17 @@ import jax.numpy as jnp
 
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.kernels.logprobs import chunked_logprobs, token_logprobs
-from jaxrl_reason.models.params import init_cache, pad_cache, repeat_cache
-from jaxrl_reason.models.transformer import CACHE_LOGICAL, Transformer
-from jaxrl_reason.sharding import constrain
+from jaxrl_reason.models.params import constrain_cache, init_cache, pad_cache, repeat_cache
+from jaxrl_reason.models.transformer import Transformer
+
+
+def positions_from_valid(valid: jax.Array) -> jax.Array:
+    """RoPE positions for a left-padded batch: 0 at each row's first real token; a pad after
+    a real token keeps the position before it.
+
+    valid: bool [B, T] -> int32 [B, T] (leading pads get 0).
+    """
+    return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
 
 
 def sequence_inputs(prompt_tokens, prompt_valid, completion_tokens, completion_mask):
@@ -31,8 +39,7 @@ def sequence_inputs(prompt_tokens, prompt_valid, completion_tokens, completion_m
     """
     tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
     valid = jnp.concatenate([prompt_valid, completion_mask.astype(bool)], axis=1)
-    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-    return tokens, positions, valid
+    return tokens, positions_from_valid(valid), valid
 
 
 def logprobs_impl(cfg) -> str:
@@ -141,22 +148,15 @@ def completion_hidden(model: Transformer, params, prompt_tokens, prompt_valid,
                                                    completion_tokens, completion_mask)
         hidden, _ = apply(tokens[:, :-1], positions[:, :-1], valid[:, :-1])
         return hidden[:, prompt_len - 1: prompt_len - 1 + length]
-    cfg = model.cfg
-    prompt_positions = jnp.maximum(jnp.cumsum(prompt_valid.astype(jnp.int32), axis=1) - 1, 0)
-    prompt_hidden, cache = apply(prompt_tokens, prompt_positions, prompt_valid,
-                                 init_cache(cfg, num_prompts, prompt_len), 0)
+    prompt_hidden, cache = apply(prompt_tokens, positions_from_valid(prompt_valid),
+                                 prompt_valid, init_cache(model.cfg, num_prompts, prompt_len), 0)
     first = jnp.repeat(prompt_hidden[:, -1:], group, axis=0)          # predicts token 0
     if length == 1:
         return first
-    cache = repeat_cache(cache, group)
-    cache = jax.tree.map(
-        lambda x: constrain(x, ("layers",) * (x.ndim - len(CACHE_LOGICAL)) + CACHE_LOGICAL),
-        pad_cache(cache, length - 1))
-    valid = completion_mask[:, :-1].astype(bool)                       # [N, L - 1]
-    prompt_counts = jnp.repeat(jnp.sum(prompt_valid, axis=1, dtype=jnp.int32), group)
-    positions = jnp.maximum(
-        prompt_counts[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-    key_valid = jnp.concatenate([jnp.repeat(prompt_valid, group, axis=0), valid], axis=1)
+    cache = constrain_cache(pad_cache(repeat_cache(cache, group), length - 1))
+    key_valid = jnp.concatenate([jnp.repeat(prompt_valid, group, axis=0),
+                                 completion_mask[:, :-1].astype(bool)], axis=1)
+    positions = positions_from_valid(key_valid)[:, prompt_len:]       # the per-row pass's
     hidden, _ = apply(completion_tokens[:, :-1], positions, key_valid, cache, prompt_len)
     return jnp.concatenate([first, hidden], axis=1)
 

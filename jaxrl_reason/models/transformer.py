@@ -216,12 +216,17 @@ def scale_dim_of(cfg: ModelConfig) -> float:
     return cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
 
 
+def _narrow_backward(dtype) -> bool:
+    """Whether matmuls of `dtype` take `narrow_transpose_matmul` (CPU, float32)."""
+    return jnp.dtype(dtype) == jnp.float32 and platform.current() == "cpu"
+
+
 def _attend(cfg: ModelConfig, q, k, v, mask):
     """Softmax attention of q [B, T, K, G, hd] over k, v [B, S, K, hd] with mask bool
     [B, T, S] (True = may attend); scores and softmax in float32. Returns [B, T, K, G, hd]
     in q's dtype."""
-    cpu_f32 = q.dtype == jnp.float32 and platform.current() == "cpu"
-    if cpu_f32:  # [B, K, G*T, hd] x [B, K, hd, S]: see narrow_transpose_matmul
+    narrow = _narrow_backward(q.dtype)
+    if narrow:  # [B, K, G*T, hd] x [B, K, hd, S]: see narrow_transpose_matmul
         batch, length, kv_heads, groups, head_dim = q.shape
         heads_q = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, -1, head_dim)
         scores = narrow_transpose_matmul(heads_q, jnp.transpose(k, (0, 2, 3, 1)))
@@ -234,7 +239,7 @@ def _attend(cfg: ModelConfig, q, k, v, mask):
         scores = cap * jnp.tanh(scores / cap)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    if cpu_f32:
+    if narrow:
         out = narrow_transpose_matmul(probs.reshape(batch, kv_heads, groups * length, -1),
                                       jnp.swapaxes(v, 1, 2))          # [B, K, G*T, hd]
         return jnp.transpose(out.reshape(batch, kv_heads, groups, length, head_dim),
@@ -407,7 +412,7 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.cfg
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        dot = cpu_dense_dot_general if platform.current() == "cpu" else None
+        dot = cpu_dense_dot_general if _narrow_backward(dtype) else None
         dense = lambda feats, logical, name: nn.Dense(  # noqa: E731
             feats, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
             kernel_init=_init(cfg, logical), dot_general=dot)
@@ -531,8 +536,8 @@ class Transformer(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> float32 logits [..., V] (with Gemma-2 soft-capping if set)."""
         w = self.unembedding().astype(hidden.dtype)
-        if hidden.dtype == jnp.float32 and platform.current() == "cpu":
-            logits = cpu_dense_dot_general(hidden, w, (((hidden.ndim - 1,), (0,)), ((), ())))
+        if _narrow_backward(hidden.dtype):
+            logits = narrow_transpose_matmul(hidden, w)
         else:
             logits = einsum_f32("...d,dv->...v", hidden, w)
         cap = self.cfg.final_logit_softcap

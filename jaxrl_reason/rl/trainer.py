@@ -156,9 +156,10 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(params, batch):
-        n = batch["completion_tokens"].shape[0]  # micro-batches slice rows: a prompt per row
-        batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], n),
-                 "prompt_valid": per_row_prompts(batch["prompt_valid"], n)}
+        # Micro-batches slice rows: a prompt per row.
+        num_rows = batch["completion_tokens"].shape[0]
+        batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], num_rows),
+                 "prompt_valid": per_row_prompts(batch["prompt_valid"], num_rows)}
         rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
         consts = {n: x for n, x in batch.items() if jnp.ndim(x) == 0}
         micro = {n: to_micro(x, k, _micro_sharding(mesh, rules, x.ndim + 1))

@@ -33,6 +33,7 @@ from jax.sharding import Mesh
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.models.params import (cache_length, cache_shardings, init_cache,
                                         pad_cache, repeat_cache)
+from jaxrl_reason.models.scoring import positions_from_valid  # noqa: F401 (re-exported)
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.filters import select_tokens
 
@@ -112,14 +113,6 @@ def pick_bucket(lengths: Iterable[int], buckets: Sequence[int]) -> int:
         if longest <= bucket:
             return bucket
     raise ValueError(f"a prompt of {longest} tokens is longer than every bucket {sorted(buckets)}")
-
-
-def positions_from_valid(valid: jax.Array) -> jax.Array:
-    """RoPE positions for a left-padded batch: 0 at each row's first real token.
-
-    valid: bool [B, T] -> int32 [B, T] (pads get 0).
-    """
-    return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
 
 
 def stage_ends(max_new_tokens: int, stages: int) -> tuple[int, ...]:
