@@ -62,22 +62,51 @@ def _filter_if_enabled(logprobs: jax.Array, top_k, top_p) -> jax.Array:
 def sample_inverse_cdf(rng: jax.Array, logprobs: jax.Array) -> jax.Array:
     """One token per row, drawn with probability proportional to exp(logprobs).
 
-    Inverse-CDF sampling: one uniform per row against the running sum of the probabilities,
-    instead of `jax.random.categorical`'s Gumbel noise for every vocabulary entry (4x cheaper
-    on CPU at V = 8192: one random number per row instead of V). Entries at -inf-like values
-    (filtered out) have probability 0 and are never drawn.
+    Inverse-CDF sampling: one uniform u per row against the running sum of the probabilities,
+    instead of `jax.random.categorical`'s Gumbel noise for every vocabulary entry (one random
+    number per row instead of V). The running sum is taken in two levels: over the sums of
+    blocks of `_CDF_BLOCK` entries, which picks the block holding u, then inside that block
+    (XLA:CPU lowers a cumsum over V = 8192 to a tree of reduce-windows: 4.4 ms per step for
+    128 rows, against 0.5 ms for the two short ones). Entries at -inf-like values (filtered
+    out) have probability 0 and are never drawn.
 
     Args:
       rng: PRNG key.
       logprobs: f32 [N, V] (log-probs, normalized or not; the row maximum must be finite).
     Returns: int32 [N].
     """
+    rows, vocab = logprobs.shape
     probs = jnp.exp(logprobs - jnp.max(logprobs, axis=-1, keepdims=True))
-    cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(rng, (logprobs.shape[0], 1), jnp.float32) * cdf[:, -1:]
-    # The first index whose running sum exceeds u (a zero-probability entry never does).
-    index = jnp.sum((cdf <= u).astype(jnp.int32), axis=-1)
-    return jnp.minimum(index, logprobs.shape[-1] - 1).astype(jnp.int32)
+    block = min(_CDF_BLOCK, vocab)
+    num_blocks = -(-vocab // block)
+    probs = jnp.pad(probs, ((0, 0), (0, num_blocks * block - vocab)))   # zeros: never drawn
+    blocks = probs.reshape(rows, num_blocks, block)
+    sums = jnp.sum(blocks, axis=-1)                                       # [N, nb]
+    block_cdf = jnp.cumsum(sums, axis=-1)
+    u = jax.random.uniform(rng, (rows, 1), jnp.float32) * block_cdf[:, -1:]
+    # The block: the first whose running sum exceeds u (u == total by rounding: the last
+    # block with any mass). Everything before it sums to at most u.
+    chosen = jnp.minimum(jnp.sum((block_cdf <= u).astype(jnp.int32), axis=-1),
+                         _last_true(sums > 0))
+    before = jnp.where(chosen > 0, jnp.take_along_axis(
+        block_cdf, jnp.maximum(chosen - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    inside = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]   # [N, block]
+    remaining = u[:, 0] - before                                                # >= 0
+    # The first entry whose running sum exceeds the remainder skips zero-probability
+    # entries; rounding past the block's end falls back to its last entry with mass.
+    index = jnp.sum((jnp.cumsum(inside, axis=-1) <= remaining[:, None]).astype(jnp.int32),
+                    axis=-1)
+    index = jnp.minimum(index, _last_true(inside > 0))
+    return (chosen * block + index).astype(jnp.int32)
+
+
+def _last_true(x: jax.Array) -> jax.Array:
+    """bool [N, M] -> int32 [N]: index of the last True of each row (0 if none)."""
+    width = x.shape[-1]
+    return (width - 1 - jnp.argmax(x[:, ::-1], axis=-1)).astype(jnp.int32)
+
+
+_CDF_BLOCK = 128
 
 
 def select_tokens(rng: jax.Array, logits: jax.Array, temperature, top_k, top_p):

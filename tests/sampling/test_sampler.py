@@ -323,6 +323,29 @@ def test_inverse_cdf_sampling_frequencies():
     np.testing.assert_allclose(freq, probs, atol=0.01)
 
 
+def test_inverse_cdf_sampling_over_blocks():
+    """V = 300 (blocks of 128: three, the last one padded): the frequencies follow the
+    probabilities across block boundaries, a block with no mass and zero-probability entries
+    at a block's start and end are never drawn, and a row whose mass sits in one entry
+    always draws it."""
+    from jaxrl_reason.sampling import filters
+    vocab, n = 300, 60_000
+    probs = np.zeros(vocab)
+    probs[[0, 5, 127, 128 + 1, 256 + 43]] = [0.1, 0.2, 0.25, 0.15, 0.3]   # block 1: one entry
+    logprobs = np.where(probs > 0, np.log(np.where(probs > 0, probs, 1.0)), -1e30)
+    rows = jnp.broadcast_to(jnp.asarray(logprobs, jnp.float32), (n, vocab))
+    tokens = np.asarray(sample_inverse_cdf(jax.random.key(1), rows))
+    freq = np.bincount(tokens, minlength=vocab) / n
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(probs))
+    np.testing.assert_allclose(freq, probs, atol=0.01)
+    assert filters._CDF_BLOCK == 128
+    one_hot = np.full((4, vocab), -1e30, np.float32)
+    one_hot[np.arange(4), [0, 127, 128, 299]] = 0.0
+    for seed in range(3):
+        np.testing.assert_array_equal(
+            sample_inverse_cdf(jax.random.key(seed), jnp.asarray(one_hot)), [0, 127, 128, 299])
+
+
 def test_decode_attention_matches_einsum():
     """The one-query (decode) attention over the head-major cache equals the plain
     [B, S, K, hd] einsum attention (and `_attend`, which the prefill and training use)."""
