@@ -216,8 +216,10 @@ def scale_dim_of(cfg: ModelConfig) -> float:
     return cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
 
 
-def _narrow_backward(dtype) -> bool:
-    """Whether matmuls of `dtype` take `narrow_transpose_matmul` (CPU, float32)."""
+def _cpu_float32(dtype) -> bool:
+    """Whether computation in `dtype` takes the CPU float32 paths measured on this project's
+    CPU benchmarks: matmuls through `narrow_transpose_matmul` (MLP, LM head, attention) and
+    attention in causal query blocks (`_causal_block`)."""
     return jnp.dtype(dtype) == jnp.float32 and platform.current() == "cpu"
 
 
@@ -225,7 +227,7 @@ def _attend(cfg: ModelConfig, q, k, v, mask):
     """Softmax attention of q [B, T, K, G, hd] over k, v [B, S, K, hd] with mask bool
     [B, T, S] (True = may attend); scores and softmax in float32. Returns [B, T, K, G, hd]
     in q's dtype."""
-    narrow = _narrow_backward(q.dtype)
+    narrow = _cpu_float32(q.dtype)
     if narrow:  # [B, K, G*T, hd] x [B, K, hd, S]: see narrow_transpose_matmul
         batch, length, kv_heads, groups, head_dim = q.shape
         heads_q = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, -1, head_dim)
@@ -304,7 +306,7 @@ def _causal_block(length: int, dtype) -> int | None:
     8 blocks (the program holds one attention per block). Elsewhere None: XLA's TPU/GPU
     matmuls want larger tiles, and nothing was measured there."""
     blocks = min(8, round(length / _CAUSAL_BLOCK))
-    if not _narrow_backward(dtype) or blocks < 2:
+    if not _cpu_float32(dtype) or blocks < 2:
         return None
     return -(-length // blocks)
 
@@ -389,9 +391,9 @@ class Attention(nn.Module):
             if chunk and length > chunk:
                 out = _chunked_attention(cfg, q, k, v, mask, chunk)
             elif block is not None:
-                static_window = window if window is None or isinstance(window, int) else None
+                # a traced window (the scanned stack's per-layer flag) trims nothing
                 spans = causal_query_blocks(length, k.shape[1], first_slot, block,
-                                            static_window)
+                                            window if isinstance(window, int) else None)
                 out = _causal_block_attention(cfg, q, k, v, mask, spans)
             else:
                 out = _attend(cfg, q, k, v, mask)
@@ -461,7 +463,7 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.cfg
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        dot = cpu_dense_dot_general if _narrow_backward(dtype) else None
+        dot = cpu_dense_dot_general if _cpu_float32(dtype) else None
         dense = lambda feats, logical, name: nn.Dense(  # noqa: E731
             feats, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
             kernel_init=_init(cfg, logical), dot_general=dot)
@@ -587,7 +589,7 @@ class Transformer(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> float32 logits [..., V] (with Gemma-2 soft-capping if set)."""
         w = self.unembedding().astype(hidden.dtype)
-        if _narrow_backward(hidden.dtype):
+        if _cpu_float32(hidden.dtype):
             logits = narrow_transpose_matmul(hidden, w)
         else:
             logits = einsum_f32("...d,dv->...v", hidden, w)
