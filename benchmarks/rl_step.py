@@ -88,10 +88,10 @@ def hash_rewards(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class Step:
     """One GRPO step of RLTrainer.step, split into timed parts."""
 
-    def __init__(self, preset: str, w: dict):
+    def __init__(self, preset: str, w: dict, devices: int = 1):
         self.w, self.rl = w, rl_config(w)
         self.cfg = models.get_preset(preset)
-        self.mesh = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+        self.mesh = shd.make_mesh({"data": devices}, devices=jax.devices()[:devices])
         self.rules = shd.DEFAULT_RULES
         self.model = Transformer(self.cfg)
         params = models.init_params(self.cfg, jax.random.key(0), self.mesh, self.rules)
@@ -101,7 +101,8 @@ class Step:
             learning_rate_schedule(rl.learning_rate, rl.warmup_steps, 1000, rl.lr_decay),
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
         self.state = create_train_state(params, self.optimizer)
-        self.sampler = Sampler(self.model, eos_id=-1, pad_id=0)  # -1: no early stop
+        self.sampler = Sampler(self.model, eos_id=-1, pad_id=0,  # -1: no early stop
+                               mesh=self.mesh, rules=self.rules)
         self.logprob_fn = make_logprob_fn(self.model, rl.temperature, rl.micro_batches,
                                           self.mesh, self.rules)
         self.update_fn = make_update_fn(self.model, self.optimizer, rl, self.mesh, self.rules,
@@ -171,6 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="preset (default bench-tiny; test w/ --quick)")
     ap.add_argument("--spec", default=None, help="anchors' spec.json (default: shared path)")
     ap.add_argument("--quick", action="store_true", help="'test' preset, tiny workload")
+    ap.add_argument("--cpu-devices", type=int, default=0,
+                    help="XLA devices to split the CPU into, rows split over them (0 = one "
+                         "per core; 1 = one device)")
     ap.add_argument("--profile", help="trace one more step into this directory and summarize "
                                       "the XLA ops of its training part")
     ap.add_argument("--json", help="write the result to this file")
@@ -181,17 +185,19 @@ def main(argv=None) -> int:
     w = dict(QUICK if args.quick else WORKLOAD)
     if spec is not None and not args.quick:
         w.update({k: spec["rl_step"][k] for k in w if k in spec["rl_step"]})
+    b, g = w["n_prompts_per_step"], w["num_generations"]
+    devices = roofline.use_cpu_devices(args.cpu_devices, [b, b * g])  # prompts and rows
     machine = roofline.machine_info(probe=not args.quick)
     print(f"machine: {machine}; workload: {w}", flush=True)
     load_start = [round(x, 2) for x in os.getloadavg()]
 
-    step = Step(name, w)
+    step = Step(name, w, devices)
     COMPILE_S.clear()
     steps = [step() for _ in range(w["warmup_steps"] + w["timed_steps"])]
     compile_s = sum(COMPILE_S.values())
     timed = steps[w["warmup_steps"]:]
     med = lambda k: statistics.median(s[k] for s in timed)  # noqa: E731
-    cfg, b, g = step.cfg, w["n_prompts_per_step"], w["num_generations"]
+    cfg = step.cfg
     rows, new, tp = b * g, w["max_completion_length"], w["prompt_len"]
     length = timed[-1]["length"]
     sample_flops = sampler_flops(cfg, {"n_prompts": b, "prompt_len": tp, "new_tokens": new},
@@ -206,7 +212,8 @@ def main(argv=None) -> int:
     train_rate = roofline.matmul_rate(cfg, scored)["flop_per_s"]
     result = {
         "system": "jaxrl_reason GRPO step", "model": name, "n_params": cfg.num_params,
-        "completions_per_step": rows, "new_tokens": new, "scored_tokens": scored,
+        "completions_per_step": rows, "devices": devices, "new_tokens": new,
+        "scored_tokens": scored,
         "scored_tokens_per_row_layout": rows * (tp + length - 1),
         "step_s_median": med("step_s"), "step_s_min": min(s["step_s"] for s in timed),
         "step_s_all": [s["step_s"] for s in steps],

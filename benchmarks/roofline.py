@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,6 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxrl_reason import cpu_devices  # noqa: E402
 from jaxrl_reason.kernels import platform  # noqa: E402
 from jaxrl_reason.models.config import ModelConfig, get_preset  # noqa: E402
 
@@ -63,10 +64,26 @@ def cpu_probe_gflops(n: int = 512, reps: int = 20) -> float:
     return 2 * n ** 3 * reps / best / 1e9
 
 
+def use_cpu_devices(value: int, rows: Sequence[int]) -> int:
+    """Splits the CPU into `value` XLA devices before JAX starts (0 = one per core, as many
+    as every count in `rows` splits over; see jaxrl_reason.cpu_devices) and returns how many
+    devices the benchmark's mesh takes: that count, or, where the environment already chose
+    (XLA_FLAGS, the tests' 8 fake devices), the most of those that `rows` split over."""
+    fits = lambda n: all(r % n == 0 for r in rows)  # noqa: E731
+    count = cpu_devices.resolve(value, cores=cpu_devices.usable_cores(), fits=fits)
+    cpu_devices.apply(count)
+    available = jax.device_count()
+    if count <= available and fits(count):
+        return count
+    return cpu_devices.resolve(0, cores=min(count, available), fits=fits)
+
+
 def machine_info(probe: bool = True) -> dict:
-    """Load average (1, 5, 15 min), CPU count, backend and (optionally) the numpy probe."""
+    """Load average (1, 5, 15 min), CPU count, backend, its device count and (optionally)
+    the numpy probe."""
     info = {"loadavg": [round(x, 2) for x in os.getloadavg()], "nproc": os.cpu_count(),
-            "backend": str(jax.devices()[0]), "jax": jax.__version__}
+            "backend": str(jax.devices()[0]), "devices": jax.device_count(),
+            "jax": jax.__version__}
     if probe:
         info["cpu_probe_gflops"] = round(cpu_probe_gflops(), 1)
     return info

@@ -130,13 +130,15 @@ def trace_summary(trace_dir: str, top: int = 15) -> list[tuple[str, float, int]]
     return [(name, round(ms, 2), count[name]) for name, ms in ranked]
 
 
-def build(name: str, cache_dtype: str | None, decode_stages: int):
+def build(name: str, cache_dtype: str | None, decode_stages: int, devices: int):
+    """The preset's random-init params and a Sampler on a data-parallel mesh of the first
+    `devices` devices (one per core by default: see --cpu-devices)."""
     cfg = models.get_preset(name)
-    mesh = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    mesh = shd.make_mesh({"data": devices}, devices=jax.devices()[:devices])
     params = models.init_params(cfg, jax.random.key(SEED), mesh, shd.DEFAULT_RULES)
     sampler = Sampler(Transformer(cfg), eos_id=-1, pad_id=0,  # -1: no early stop
                       cache_dtype=None if cache_dtype in (None, "none") else jnp.dtype(cache_dtype),
-                      decode_stages=decode_stages)
+                      decode_stages=decode_stages, mesh=mesh, rules=shd.DEFAULT_RULES)
     return cfg, params, sampler
 
 
@@ -144,7 +146,7 @@ def run_model(name: str, w: dict, args) -> dict:
     """Times the sampler on preset `name` under workload `w`; returns the result dict."""
     roofline.check_preset_matches_spec(name, args.spec_data)
     load_start = [round(x, 2) for x in os.getloadavg()]
-    cfg, params, sampler = build(name, args.cache_dtype, args.decode_stages)
+    cfg, params, sampler = build(name, args.cache_dtype, args.decode_stages, args.devices)
     g, new = w["samples_per_prompt"], w["new_tokens"]
     prompts = prompt_ids(cfg.vocab_size, w["n_prompts"], w["prompt_len"])
     valid = np.ones_like(prompts, bool)
@@ -169,7 +171,7 @@ def run_model(name: str, w: dict, args) -> dict:
         "median_s": t["median_s"], "timed_s": t["timed_s"], "first_call_s": t["first_call_s"],
         "compile_s": sum(compile_parts.values()), "compile_s_parts": compile_parts,
         "cache_dtype": args.cache_dtype or str(jnp.dtype(cfg.dtype)),
-        "decode_stages": args.decode_stages,
+        "decode_stages": args.decode_stages, "devices": args.devices,
     }
     if args.profile:
         with jax.profiler.trace(args.profile, create_perfetto_trace=True,
@@ -204,7 +206,7 @@ def run_model(name: str, w: dict, args) -> dict:
 
 def scaling(name: str, args) -> list[dict]:
     """Seconds per call (one warm-up, then one timed call) over rows and over new tokens."""
-    cfg, params, sampler = build(name, args.cache_dtype, args.decode_stages)
+    cfg, params, sampler = build(name, args.cache_dtype, args.decode_stages, args.devices)
     grid = ([(4, 8), (8, 8), (4, 16)] if args.quick else
             [(r, 128) for r in (32, 64, 128, 256)] + [(128, n) for n in (64, 256, 512)])
     prompts_all = prompt_ids(cfg.vocab_size, 32, 8 if args.quick else 32)
@@ -236,6 +238,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dtype", default=None, help="KV-cache dtype, e.g. bfloat16")
     ap.add_argument("--decode-stages", type=int, default=4,
                     help="decode stages with a growing cache (1 = whole buffer every step)")
+    ap.add_argument("--cpu-devices", type=int, default=0,
+                    help="XLA devices to split the CPU into, rows split over them (0 = one "
+                         "per core; 1 = one device)")
     ap.add_argument("--scaling", action="store_true",
                     help="also time 32..256 rows and 64..512 new tokens (first model)")
     ap.add_argument("--profile", help="trace one call into this directory and summarize it")
@@ -248,6 +253,10 @@ def main(argv=None) -> int:
     args.spec_data = roofline.load_spec(args.spec)
     names = args.models or (["test"] if args.quick else ["bench-tiny", "bench-small"])
     w = workload_from_spec(args.spec_data, args.quick)
+    rows = [w["n_prompts"] * w["samples_per_prompt"]]
+    if args.scaling:
+        rows += [4, 8] if args.quick else [32, 64, 128, 256]
+    args.devices = roofline.use_cpu_devices(args.cpu_devices, rows)
     machine = roofline.machine_info(probe=not args.quick)
     print(f"machine: {machine}; workload: {w}", flush=True)
     results = {"machine": machine, "workload": w, "runs": {}}

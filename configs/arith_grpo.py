@@ -47,6 +47,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.data = -1                        # data-parallel axis (-1: all remaining devices)
     c.mesh.fsdp = 1                         # parameter/optimizer sharding axis
     c.mesh.tensor = 1                       # tensor-parallel axis
+    # On a CPU host: XLA devices to split it into (0 = auto: one per core, as many as the
+    # batches split over; 1 = one device). Per-core devices run each core's rows as its own
+    # program: faster for small models, a copy of the weights each (README "CPU devices").
+    c.cpu_devices = 0
     # Logical axis -> mesh axes. Layers only name logical axes.
     c.sharding_rules = (
         ("batch", ("data", "fsdp")),        # examples over data and fsdp

@@ -48,6 +48,7 @@ def real_model(c: ml_collections.ConfigDict, target: str, *, max_new_tokens: int
     c.model.attention_chunk = 512
     c.sft.steps = 1                         # unused: RL starts from hf_model
     c.kernels.backend = "auto"              # Pallas kernels on GPU and TPU
+    c.cpu_devices = 1                       # on CPU: one device, not a weights copy per core
     if target == "v5e-8":
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 8, 1
     else:

@@ -242,18 +242,44 @@ def parse(argv: Sequence[str]):
     return command, fv
 
 
+def _distributed_block(fv: flags.FlagValues) -> dict:
+    """The config's `distributed` block as a dict (empty without a config), `--multihost`
+    turning it on."""
+    config = fv.config
+    block = config.get("distributed") if config is not None else None
+    block = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
+    if fv.multihost:
+        block["enabled"] = True
+    return block
+
+
 def init_distributed(command: str, fv: flags.FlagValues) -> None:
     """`jax.distributed.initialize` per the config's `distributed` block, the environment and
     `--multihost` (never for `plan`, which only compiles). Must run before any JAX call."""
     if command == "plan":
         return
     from jaxrl_reason import distributed
+    distributed.initialize(_distributed_block(fv))
+
+
+def init_cpu_devices(command: str, fv: flags.FlagValues) -> int | None:
+    """Splits a CPU host into `config.cpu_devices` XLA devices (see `jaxrl_reason.cpu_devices`)
+    before JAX starts; returns the count set, or None (no config, `plan`, or the environment
+    chose). Must run before any JAX call, and before `init_distributed` decides the process
+    count (auto gives 1 in a multi-process job)."""
     config = fv.config
-    block = config.get("distributed") if config is not None else None
-    block = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
-    if fv.multihost:
-        block["enabled"] = True
-    distributed.initialize(block)
+    if command == "plan" or config is None or "cpu_devices" not in config:
+        return None
+    from jaxrl_reason import cpu_devices, distributed, validation
+    if cpu_devices.environment_count() is not None or (
+            config.cpu_devices == 0 and cpu_devices.started()):
+        return None  # the environment chose, or auto in a process where JAX already runs
+    multi = distributed.decide(distributed.settings(_distributed_block(fv)))[0]
+    count = cpu_devices.resolve(config.cpu_devices, cores=cpu_devices.usable_cores(),
+                                fits=lambda n: validation.fits_devices(config, n),
+                                multi_process=multi)
+    cpu_devices.apply(count)
+    return count
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported after parsing so that `--help` and flag errors are instant.
     from jaxrl_reason.reliability import GracefulStop, NumericError, Preempted
     try:
-        init_distributed(command, fv)  # before any other JAX call
+        init_cpu_devices(command, fv)  # before any other JAX call
+        init_distributed(command, fv)
     except ValueError as e:
         sys.stderr.write(f"jaxrl-reason {command}: error: {e}\n")
         return 1

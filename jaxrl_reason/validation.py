@@ -80,6 +80,39 @@ def _mesh_problems(config, num_devices) -> tuple[list[str], int | None]:
     return [], math.prod(sizes[a] for a in batch_axes if a in sizes)
 
 
+def _split_problems(config, dp: int | None) -> list[str]:
+    """The batches of `config` that do not split evenly over `dp` data-parallel shards."""
+    problems: list[str] = []
+    prompts, group = _get(config, "rl.batch_prompts"), _get(config, "rl.num_generations")
+    micro = _get(config, "rl.micro_batches", 1)
+    if not (isinstance(micro, int) and micro >= 1):
+        problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
+    elif dp and isinstance(prompts, int) and isinstance(group, int) \
+            and (prompts * group) % (dp * micro):
+        problems.append(f"rl.micro_batches: {prompts} x {group} = {prompts * group} rows do not "
+                        f"split into {micro} micro-batches x {dp} data-parallel shards")
+    if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
+        problems.append(
+            f"rl.batch_prompts: {prompts} prompts x {group} generations = {prompts * group} "
+            f"rows do not split over the {dp} data-parallel shards of the mesh")
+    sft_batch = _get(config, "sft.batch_size")
+    if dp and isinstance(sft_batch, int) and sft_batch % dp:
+        problems.append(f"sft.batch_size: {sft_batch} does not split over the {dp} "
+                        f"data-parallel shards of the mesh")
+    n, eval_prompts = _get(config, "eval.num_samples"), _get(config, "eval.batch_prompts")
+    if dp and isinstance(n, int) and isinstance(eval_prompts, int) and (n * eval_prompts) % dp:
+        problems.append(f"eval.batch_prompts: {eval_prompts} prompts x {n} samples do not "
+                        f"split over the {dp} data-parallel shards of the mesh")
+    return problems
+
+
+def fits_devices(config: ml_collections.ConfigDict, num_devices: int) -> bool:
+    """Whether `config`'s mesh fits `num_devices` devices and its batches split over the
+    resulting data-parallel shards (what `cpu_devices` = 0, auto, needs of a count)."""
+    mesh_problems, dp = _mesh_problems(config, num_devices)
+    return not mesh_problems and not _split_problems(config, dp)
+
+
 def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list[str]:
     """All problems of a train/sft/eval config, as 'key: message' strings (empty if valid)."""
     problems: list[str] = []
@@ -139,29 +172,10 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         _in_range(problems, config, "rl.kl_horizon", 0.0, 1e12, low_open=True)
     if _get(config, "rl.ref_sync_every", 0):
         _in_range(problems, config, "rl.ref_sync_alpha", 0.0, 1.0, low_open=True)
-    prompts = _get(config, "rl.batch_prompts")
     for key in ("rl.offload_reference", "rl.offload_optimizer"):
         if not isinstance(_get(config, key, False), bool):
             problems.append(f"{key}: must be True or False, got {_get(config, key)!r}")
-    micro = _get(config, "rl.micro_batches", 1)
-    if not (isinstance(micro, int) and micro >= 1):
-        problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
-    elif dp and isinstance(prompts, int) and isinstance(group, int) \
-            and (prompts * group) % (dp * micro):
-        problems.append(f"rl.micro_batches: {prompts} x {group} = {prompts * group} rows do not "
-                        f"split into {micro} micro-batches x {dp} data-parallel shards")
-    if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
-        problems.append(
-            f"rl.batch_prompts: {prompts} prompts x {group} generations = {prompts * group} "
-            f"rows do not split over the {dp} data-parallel shards of the mesh")
-    sft_batch = _get(config, "sft.batch_size")
-    if dp and isinstance(sft_batch, int) and sft_batch % dp:
-        problems.append(f"sft.batch_size: {sft_batch} does not split over the {dp} "
-                        f"data-parallel shards of the mesh")
-    n, eval_prompts = _get(config, "eval.num_samples"), _get(config, "eval.batch_prompts")
-    if dp and isinstance(n, int) and isinstance(eval_prompts, int) and (n * eval_prompts) % dp:
-        problems.append(f"eval.batch_prompts: {eval_prompts} prompts x {n} samples do not "
-                        f"split over the {dp} data-parallel shards of the mesh")
+    problems += _split_problems(config, dp)
     bucket = _get(config, "rl.train_length_bucket")
     if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \
             and bucket > config.rl.max_new_tokens:

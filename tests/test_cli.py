@@ -48,14 +48,17 @@ DEVICE_RUN_FLAGS = ("--config.rl.steps=4", "--config.eval.seeds=(0,)",
 
 @pytest.fixture(scope="module")
 def device_runs(tmp_path_factory):
-    """{1: workdir, 8: workdir}: the same smoke run in subprocesses with 1 and 8 CPU devices."""
+    """{1: workdir, 8: workdir}: the same smoke run in subprocesses with 1 and 8 CPU devices
+    (`config.cpu_devices`: no device count in their environment)."""
     root = tmp_path_factory.mktemp("devices")
     procs = {}
     for n in (1, 8):
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+        env["JAX_PLATFORMS"] = "cpu"
         cmd = [sys.executable, "-m", "jaxrl_reason.cli", "train", "--config",
-               f"{ARITH}:smoke", "--workdir", str(root / f"d{n}"), *DEVICE_RUN_FLAGS]
+               f"{ARITH}:smoke", "--workdir", str(root / f"d{n}"), f"--config.cpu_devices={n}",
+               *DEVICE_RUN_FLAGS]
         procs[n] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
     for n, proc in procs.items():
