@@ -271,15 +271,13 @@ def init_cpu_devices(command: str, fv: flags.FlagValues) -> int | None:
     if command == "plan" or config is None or "cpu_devices" not in config:
         return None
     from jaxrl_reason import cpu_devices, distributed, validation
-    if cpu_devices.environment_count() is not None or (
-            config.cpu_devices == 0 and cpu_devices.started()):
-        return None  # the environment chose, or auto in a process where JAX already runs
     multi = distributed.decide(distributed.settings(_distributed_block(fv)))[0]
     count = cpu_devices.resolve(config.cpu_devices, cores=cpu_devices.usable_cores(),
                                 fits=lambda n: validation.fits_devices(config, n),
-                                multi_process=multi)
-    cpu_devices.apply(count)
-    return count
+                                multi_process=multi)  # a bad value is an error either way
+    if config.cpu_devices == 0 and cpu_devices.started():
+        return None  # auto in a process where JAX already runs: keep its devices
+    return count if cpu_devices.apply(count) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,12 +1,12 @@
 """How many XLA devices this host's CPU runs as (`config.cpu_devices`); set before JAX starts.
 
 XLA:CPU runs a program per device and spreads each op of it over the host's thread pool. A
-small model's ops are too small to keep several cores busy that way: on the 2-core host the
-benchmarks run on, one device ran bench-tiny's decode at 12.3k tokens/s, two (one per core,
-the rows split over the mesh's data axis, so each core runs its own half of every op) at
-14.5k, and the GRPO step in 2.5 s instead of 3.0 (benchmarks/sampler.py, rl_step.py; see the
-README's Speed section). Params and optimizer state are replicated per device (unless the
-mesh's fsdp axis shards them), so this is for models that fit many times in host RAM.
+small model's ops are too small to keep several cores busy that way. As one device per core,
+with the rows split over the mesh's data axis, each core runs its own share of every op: on
+the 2-core host the benchmarks run on, bench-tiny's GRPO step took 2.69-2.83 s instead of
+3.19-3.55 s (`benchmarks/rl_step.py --cpu-devices 2` vs `1`; README "On a CPU"). Params
+and optimizer state are replicated per device (unless the mesh's fsdp axis shards them), so
+this is for models that fit many times in host RAM.
 
 `config.cpu_devices`:
   0  auto: one device per core this process may run on, lowered to the largest count the
@@ -42,7 +42,7 @@ def environment_count(env: Mapping[str, str] | None = None) -> int | None:
     --xla_force_host_platform_device_count; the last occurrence counts), or None."""
     env = os.environ if env is None else env
     value = env.get("JAX_NUM_CPU_DEVICES", "").strip()
-    if value and value.lstrip("-").isdigit() and int(value) >= 0:
+    if value.isdigit():  # JAX's -1 means unset
         return int(value)
     counts = _FORCE_FLAG.findall(env.get("XLA_FLAGS", ""))
     return int(counts[-1]) if counts else None

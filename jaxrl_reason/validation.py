@@ -85,10 +85,8 @@ def _split_problems(config, dp: int | None) -> list[str]:
     problems: list[str] = []
     prompts, group = _get(config, "rl.batch_prompts"), _get(config, "rl.num_generations")
     micro = _get(config, "rl.micro_batches", 1)
-    if not (isinstance(micro, int) and micro >= 1):
-        problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
-    elif dp and isinstance(prompts, int) and isinstance(group, int) \
-            and (prompts * group) % (dp * micro):
+    if dp and isinstance(micro, int) and micro >= 1 and isinstance(prompts, int) \
+            and isinstance(group, int) and (prompts * group) % (dp * micro):
         problems.append(f"rl.micro_batches: {prompts} x {group} = {prompts * group} rows do not "
                         f"split into {micro} micro-batches x {dp} data-parallel shards")
     if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
@@ -175,6 +173,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     for key in ("rl.offload_reference", "rl.offload_optimizer"):
         if not isinstance(_get(config, key, False), bool):
             problems.append(f"{key}: must be True or False, got {_get(config, key)!r}")
+    micro = _get(config, "rl.micro_batches", 1)
+    if not (isinstance(micro, int) and micro >= 1):
+        problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
     bucket = _get(config, "rl.train_length_bucket")
     if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \

@@ -98,10 +98,14 @@ def test_cli_splits_the_host_before_jax_starts():
     assert "set None devices 5" in out.stdout, out.stderr[-2000:]
 
 
-def test_cli_refuses_a_bad_count(tmp_path):
+@pytest.mark.parametrize("env_extra", [
+    {}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}])
+def test_cli_refuses_a_bad_count(tmp_path, env_extra):
+    """Refused whether or not the environment sets the count (it would win, but the config is
+    still wrong)."""
     out = _fresh_process("-m", "jaxrl_reason.cli", "train", "--config",
                          "configs/arith_grpo.py:smoke", "--workdir", str(tmp_path / "w"),
-                         "--config.cpu_devices=-2")
+                         "--config.cpu_devices=-2", env_extra=env_extra)
     assert out.returncode == 1
     assert "cpu_devices: must be 0 (auto: one device per core) or a positive device count, " \
            "got -2" in out.stderr
