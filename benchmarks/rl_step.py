@@ -46,7 +46,7 @@ from jaxrl_reason import models, sharding as shd  # noqa: E402
 from jaxrl_reason.kernels import dispatch as kernel_dispatch  # noqa: E402
 from jaxrl_reason.models.transformer import Transformer  # noqa: E402
 from jaxrl_reason.rl.batches import Rollout  # noqa: E402
-from jaxrl_reason.rl.trainer import make_logprob_fn, make_update_fn  # noqa: E402
+from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn  # noqa: E402
 from jaxrl_reason.sampling.sampler import Sampler, round_up  # noqa: E402
 from jaxrl_reason.train_state import (create_train_state, learning_rate_schedule,  # noqa: E402
                                       make_optimizer)

@@ -37,7 +37,7 @@ from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.reliability import tree_bytes
 from jaxrl_reason.runtime import hf_model_config, model_config
-from jaxrl_reason.rl.trainer import make_logprob_fn, make_update_fn
+from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn
 from jaxrl_reason.sampling.sampler import Sampler
 from jaxrl_reason.train_state import (TrainState, learning_rate_schedule, make_optimizer,
                                       opt_state_shardings)

@@ -60,7 +60,7 @@ def test_skip_guard_counts_consecutive_skips_and_names_the_batch(capsys):
 def test_rl_update_with_nan_advantages_leaves_params_and_optimizer_untouched():
     from jaxrl_reason.cli import parse
     from jaxrl_reason.models.params import init_params
-    from jaxrl_reason.rl.trainer import make_update_fn
+    from jaxrl_reason.rl.update import make_update_fn
     from jaxrl_reason.runtime import build_runtime
     from jaxrl_reason.train_state import create_train_state, make_optimizer
     import tempfile

@@ -11,7 +11,7 @@ The pieces the trainer names, each a small pure function:
 - `whiten`: masked advantage whitening.
 - `value_loss`: the PPO clipped value loss and its metrics.
 - `make_value_fn` / `make_value_update_fn`: jitted scoring and donated critic updates, the
-  counterparts of the trainer's `make_logprob_fn` / `make_update_fn`.
+  counterparts of `rl/update.py`'s `make_logprob_fn` / `make_update_fn`.
 
 Value params layout (see `value_head.py`):
 

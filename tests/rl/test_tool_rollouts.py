@@ -11,7 +11,8 @@ import numpy as np
 from jaxrl_reason import models
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.models.transformer import Transformer
-from jaxrl_reason.rl.trainer import RLTrainer, make_update_fn
+from jaxrl_reason.rl.trainer import RLTrainer
+from jaxrl_reason.rl.update import make_update_fn
 from jaxrl_reason.train_state import create_train_state, make_optimizer
 
 CFG = models.get_preset("test")

@@ -24,7 +24,8 @@ from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.base import register_reward
 from jaxrl_reason.rl.advantages import group_advantages
 from jaxrl_reason.rl.batches import merge_groups, select_train_rows, zero_variance_groups
-from jaxrl_reason.rl.trainer import RLTrainer, adaptive_kl_beta, mix_reference, ppo_advantages
+from jaxrl_reason.rl.trainer import RLTrainer
+from jaxrl_reason.rl.update import adaptive_kl_beta, mix_reference, ppo_advantages
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.train_state import create_train_state
 
@@ -517,7 +518,7 @@ def test_micro_batches_give_the_full_batch_gradient(make_trainer):
     parameter changes must agree to float summation order; the loss too."""
     import optax
 
-    from jaxrl_reason.rl.trainer import make_update_fn
+    from jaxrl_reason.rl.update import make_update_fn
     from jaxrl_reason.train_state import create_train_state
 
     trainer, initial = make_trainer("--config.rl.micro_batches=2",
@@ -545,7 +546,7 @@ def test_micro_batches_give_the_full_batch_gradient(make_trainer):
 def test_micro_batched_logprob_pass_and_loop(make_trainer):
     """The micro-batched log-prob pass returns the full pass's values in row order, and a
     step with micro-batches and a KL term runs end to end."""
-    from jaxrl_reason.rl.trainer import make_logprob_fn
+    from jaxrl_reason.rl.update import make_logprob_fn
 
     trainer, _ = make_trainer("--config.rl.micro_batches=2", "--config.rl.beta=0.05",
                               weights={"_test_text_length": 1.0})

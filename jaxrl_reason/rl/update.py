@@ -1,0 +1,158 @@
+"""The jitted pieces of an RL step, built once per run and called by `RLTrainer.step`
+(and by `plan.py`'s ahead-of-time compiles and the benchmarks, which time them alone):
+
+  make_logprob_fn   (params, rollout arrays) -> log-probs f32 [N, L]: old-policy / reference
+  make_update_fn    (state, batch) -> (state, metrics): the policy loss's gradient step,
+                    state donated, optionally accumulated over micro-batches
+  ppo_advantages    PPO's GAE advantages and returns from a critic's values
+  mix_reference     the TR-DPO / TRL reference sync, alpha * policy + (1 - alpha) * ref
+  adaptive_kl_beta  Ziegler et al.'s adaptive KL coefficient (host float math)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_reason import sharding as shd
+from jaxrl_reason.kernels import dispatch as kernel_dispatch, platform
+from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
+from jaxrl_reason.rl.batches import _micro_sharding, from_micro, to_micro
+from jaxrl_reason.rl.value import gae, token_rewards, whiten
+from jaxrl_reason.train_state import TrainState, apply_gradients_if_finite
+
+
+def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None, rules=()):
+    """Jitted (params, rollout arrays) -> logp f32 [N, L] (old-policy / reference scoring),
+    computed `micro_batches` slices of rows at a time (lower peak memory, same values)."""
+
+    batch_axes = dict(rules).get("batch") if mesh is not None else None
+
+    def one(params, prompt_tokens, prompt_valid, completion_tokens, mask):
+        logp, _ = completion_logprobs(model, params, prompt_tokens, prompt_valid,
+                                      completion_tokens, mask, temperature=temperature,
+                                      with_entropy=False, mesh=mesh, batch_axes=batch_axes)
+        return logp
+
+    def fn(params, prompt_tokens, prompt_valid, completion_tokens, mask):
+        rows = (prompt_tokens, prompt_valid, completion_tokens, mask)
+        if micro_batches == 1:
+            return one(params, *rows)
+        n = completion_tokens.shape[0]  # micro-batches slice rows: a prompt per row
+        rows = (per_row_prompts(prompt_tokens, n), per_row_prompts(prompt_valid, n),
+                completion_tokens, mask)
+        micro = [to_micro(x, micro_batches, _micro_sharding(mesh, rules, x.ndim + 1))
+                 for x in rows]
+        return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
+
+    return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
+                   compiler_options=platform.compiler_options("dense", mesh))
+
+
+def adaptive_kl_beta(beta: float, kl: float, target: float, horizon: float,
+                     batch_size: int) -> float:
+    """Adaptive KL controller (Ziegler et al. 2019): beta *= 1 + clip(kl / target - 1,
+    -0.2, 0.2) * batch_size / horizon, so the measured KL drifts toward `target`."""
+    error = float(np.clip(kl / target - 1.0, -0.2, 0.2))
+    return float(beta * (1.0 + error * batch_size / horizon))
+
+
+@jax.jit
+def _mix(ref, policy, alpha):
+    return jax.tree.map(lambda r, p: (alpha * p + (1.0 - alpha) * r).astype(r.dtype),
+                        ref, policy)
+
+
+def mix_reference(ref_params, params, alpha: float):
+    """Reference sync (TR-DPO / TRL `sync_ref_model`): alpha * policy + (1 - alpha) * ref,
+    as new arrays (the policy's buffers are donated by the next update)."""
+    return _mix(ref_params, params, jnp.float32(alpha))
+
+
+@functools.partial(jax.jit, static_argnames=("whiten_advantages",))
+def ppo_advantages(seq_rewards, mask, values, kl, kl_coef, *, gamma, lam,
+                   whiten_advantages: bool):
+    """PPO's per-token advantages: InstructGPT token rewards (the sequence reward at the last
+    token, -kl_coef * KL per token when `kl` is given), GAE against the critic's `values`,
+    optionally whitened over the batch's tokens.
+
+    Args: seq_rewards f32 [N]; mask, values, kl f32 [N, L] (kl may be None); kl_coef f32 [].
+    Returns: (advantages f32 [N, L], returns f32 [N, L]) with returns = GAE + values (before
+    whitening).
+    """
+    rewards = token_rewards(seq_rewards, mask, kl=kl, kl_coef=kl_coef)
+    advantages, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    return advantages, returns
+
+
+def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference"):
+    """Jitted, state-donating policy update: (state, batch) -> (state, metrics).
+
+    With `rl.micro_batches` = k > 1 the rows are split into k strided micro-batches whose
+    gradients are summed in a `lax.scan` (gradient accumulation: one optimizer step, the
+    loss's whole-batch normalizers make the sum the full batch's loss); peak activation
+    memory is that of M/k rows. Metrics are then micro-batch means (maxima for `*_max`).
+    """
+    k = int(rl.get("micro_batches", 1))
+    backend = kernel_backend
+    batch_axes = dict(rules).get("batch") if mesh is not None else None
+
+    def loss_fn(params, batch):
+        logp, entropy = completion_logprobs(
+            model, params, batch["prompt_tokens"], batch["prompt_valid"],
+            batch["completion_tokens"], batch["mask"], temperature=rl.temperature, mesh=mesh,
+            batch_axes=batch_axes)
+        old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
+        in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
+        # Tool-use rollouts: result tokens (in `mask`, read by the model) carry no loss.
+        loss_mask = batch.get("loss_mask", batch["mask"])
+        return kernel_dispatch.policy_loss(
+            logp, old, batch["advantages"], loss_mask, loss_type=rl.loss_type,
+            epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
+            beta=batch["beta"] if in_loss_kl else 0.0,
+            ref_logp=batch.get("ref_logp"), max_completion_length=rl.max_new_tokens,
+            kl_estimator=rl.kl_estimator, entropy=entropy, entropy_coef=rl.entropy_coef,
+            num_sequences=batch.get("num_sequences"), num_tokens_global=batch.get("num_tokens"),
+            policy_loss_mode=rl.policy_loss_mode, clip_ratio_c=rl.clip_ratio_c or None,
+            sampler_logp=batch.get("sampler_logp"), tis_cap=rl.tis_cap or None,
+            backend=backend, mesh=mesh, batch_axes=batch_axes)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def accumulate(params, batch):
+        # Micro-batches slice rows: a prompt per row.
+        num_rows = batch["completion_tokens"].shape[0]
+        batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], num_rows),
+                 "prompt_valid": per_row_prompts(batch["prompt_valid"], num_rows)}
+        rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
+        consts = {n: x for n, x in batch.items() if jnp.ndim(x) == 0}
+        micro = {n: to_micro(x, k, _micro_sharding(mesh, rules, x.ndim + 1))
+                 for n, x in rows.items()}
+
+        def body(carry, mb):
+            grads, loss = carry
+            (l, m), g = grad_fn(params, {**mb, **consts})
+            return (jax.tree.map(jnp.add, grads, g), loss + l), m
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (grads, loss), ms = jax.lax.scan(body, (zeros, jnp.float32(0.0)), micro)
+        metrics = {n: (v.max() if n.endswith("_max") else v.mean()) for n, v in ms.items()}
+        return (loss, metrics), grads
+
+    def update(state: TrainState, batch):
+        if k == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch)
+        else:
+            (loss, metrics), grads = accumulate(state.params, batch)
+        # A non-finite loss or gradient leaves weights and optimizer state untouched.
+        state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
+        return state, {**metrics, "loss": loss, "grad_norm": grad_norm,
+                       "update_skipped": 1.0 - ok}
+
+    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0,
+                   compiler_options=platform.compiler_options("dense", mesh))
