@@ -42,6 +42,7 @@ from jaxrl_reason.validation import check_config
 from jaxrl_reason import distill as distillation
 from jaxrl_reason import pipeline as pipelines
 from jaxrl_reason import reward_model as rm
+from jaxrl_reason.data import preferences
 
 
 def _workdir(fv, config) -> str:
@@ -356,11 +357,11 @@ def reward_model(fv) -> int:
     out_dir = paths.join(workdir, rm.CHECKPOINT_KIND)
     if paths.as_path(out_dir).is_dir():
         raise ValueError(f"{out_dir} already holds a reward model: pass another --workdir")
-    pairs = rm.read_preference_pairs(fv.data)
+    pairs = preferences.read_preference_pairs(fv.data)
     if fv.eval_data:
-        train_pairs, held = pairs, rm.read_preference_pairs(fv.eval_data)
+        train_pairs, held = pairs, preferences.read_preference_pairs(fv.eval_data)
     else:
-        train_pairs, held = rm.split_pairs(pairs, fv.eval_fraction, seed=config.seed)
+        train_pairs, held = preferences.split_pairs(pairs, fv.eval_fraction, seed=config.seed)
     train_cfg = rm.train_config_from(
         config, steps=fv.steps, batch_size=fv.batch_size, learning_rate=fv.learning_rate,
         max_response_length=fv.max_response_length)

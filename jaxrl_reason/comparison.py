@@ -22,7 +22,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl_reason.evaluation import _check_correct, mean_ci, pass_at_k, pass_at_k_curve
+from jaxrl_reason.evaluation import _check_correct, pass_at_k, pass_at_k_curve
+from jaxrl_reason.stats import mean_ci
 
 __all__ = ["problem_scores", "paired_bootstrap", "pass_at_k_curves", "format_comparison",
            "BOOTSTRAP_CHUNK"]

@@ -111,7 +111,7 @@ def _mesh_and_rules(config):
 def table(results) -> str:
     """Markdown table: config, pass@1 before -> after (mean ± 95% t-interval over seeds),
     mean length after, RL wall time per run."""
-    from jaxrl_reason.evaluation import mean_ci
+    from jaxrl_reason.stats import mean_ci
 
     rows = ["| config | seeds | pass@1 before (%) | pass@1 after (%) | gain | length after | RL wall time |",
             "|---|---|---|---|---|---|---|"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrl_reason import reward_model as rm
+from jaxrl_reason.data import preferences
 from jaxrl_reason.cli import parse
 from jaxrl_reason.models.config import get_preset
 from jaxrl_reason.models.value_head import ValueModel
@@ -75,16 +76,16 @@ def test_bradley_terry_loss_is_stable_for_large_gaps():
 
 
 def test_pair_file_round_trip(tmp_path):
-    pairs = rm.arithmetic_preference_pairs(6, corruption=rm.CORRUPTIONS)
+    pairs = preferences.arithmetic_preference_pairs(6, corruption=preferences.CORRUPTIONS)
     path = tmp_path / "prefs.jsonl"
-    assert rm.write_preference_pairs(path, pairs) == 6
-    back = rm.read_preference_pairs(path)
+    assert preferences.write_preference_pairs(path, pairs) == 6
+    back = preferences.read_preference_pairs(path)
     for a, b in zip(pairs, back):
         assert {k: a[k] for k in ("id", "prompt", "chosen", "rejected", "margin", "kind")} \
             == {k: b[k] for k in ("id", "prompt", "chosen", "rejected", "margin", "kind")}
     # Without an id, the pair is named after the file and line.
     (tmp_path / "x.jsonl").write_text('\n{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
-    assert rm.read_preference_pairs(tmp_path / "x.jsonl")[0]["id"] == "x-2"
+    assert preferences.read_preference_pairs(tmp_path / "x.jsonl")[0]["id"] == "x-2"
 
 
 @pytest.mark.parametrize("line,reason", [
@@ -100,34 +101,35 @@ def test_bad_pair_lines_are_named_by_file_and_line(tmp_path, line, reason):
     good = json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"})
     path.write_text(f"{good}\n\n{line}\n")
     with pytest.raises(ValueError, match=rf"bad\.jsonl:3: .*{reason}"):
-        rm.read_preference_pairs(path)
+        preferences.read_preference_pairs(path)
 
 
 def test_empty_or_missing_pair_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n  \n")
     with pytest.raises(ValueError, match="no preference pairs"):
-        rm.read_preference_pairs(tmp_path / "empty.jsonl")
+        preferences.read_preference_pairs(tmp_path / "empty.jsonl")
     with pytest.raises(FileNotFoundError):
-        rm.read_preference_pairs(tmp_path / "nope.jsonl")
+        preferences.read_preference_pairs(tmp_path / "nope.jsonl")
 
 
 def test_generated_pairs_differ_and_splits_are_disjoint():
-    train = rm.arithmetic_preference_pairs(200, corruption=rm.CORRUPTIONS)
-    held = rm.arithmetic_preference_pairs(200, split="eval", seed=1)
+    train = preferences.arithmetic_preference_pairs(200, corruption=preferences.CORRUPTIONS)
+    held = preferences.arithmetic_preference_pairs(200, split="eval", seed=1)
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
     for p in train:
         assert p["rejected"] != p["chosen"]
         if p["kind"] == "answer":  # same length, only the answer differs
             assert len(p["rejected"]) == len(p["chosen"])
             assert p["rejected"].split("<answer>")[0] == p["chosen"].split("<answer>")[0]
-    assert rm.arithmetic_preference_pairs(5, seed=3) == rm.arithmetic_preference_pairs(5, seed=3)
+    make = preferences.arithmetic_preference_pairs
+    assert make(5, seed=3) == make(5, seed=3)
 
 
 # ----------------------------------------------------------------------------- layout
 
 
 def test_encode_pairs_layout_and_errors(rt):
-    pairs = rm.arithmetic_preference_pairs(4, levels=(1,), corruption="verbose")
+    pairs = preferences.arithmetic_preference_pairs(4, levels=(1,), corruption="verbose")
     batch = rm.encode_pairs(rt.tokenizer, pairs, TRAIN_CFG)
     tok = rt.tokenizer
     assert batch["chosen_tokens"].shape == batch["rejected_tokens"].shape == (4, 128)
@@ -175,9 +177,9 @@ def test_score_is_read_at_the_last_real_token(rt, model_cfg):
 
 @pytest.fixture(scope="module")
 def trained(rt, model_cfg):
-    train = rm.arithmetic_preference_pairs(512, levels=(1,), corruption="verbose")
-    held = rm.arithmetic_preference_pairs(64, split="eval", levels=(1,), corruption="verbose",
-                                          seed=1)
+    train = preferences.arithmetic_preference_pairs(512, levels=(1,), corruption="verbose")
+    held = preferences.arithmetic_preference_pairs(64, split="eval", levels=(1,),
+                                                   corruption="verbose", seed=1)
     params, history = rm.train_reward_model(model_cfg, rt.tokenizer, train, mesh=rt.mesh,
                                             rules=rt.rules, train_cfg=TRAIN_CFG,
                                             eval_pairs=held)
@@ -205,7 +207,7 @@ def test_training_learns_held_out_preferences(rt, model_cfg, trained):
 def test_pairwise_accuracy_breaks_down_by_kind(rt, model_cfg, trained):
     """Per-kind accuracy = the win rate (ties 1/2) of that kind's pairs, from the scores."""
     params, _, held = trained
-    mixed = held[:8] + rm.arithmetic_preference_pairs(8, split="eval", levels=(1,),
+    mixed = held[:8] + preferences.arithmetic_preference_pairs(8, split="eval", levels=(1,),
                                                       corruption="truncated", seed=2)
     result = rm.pairwise_accuracy(model_cfg, params, rt.tokenizer, mixed, mesh=rt.mesh,
                                   rules=rt.rules, train_cfg=TRAIN_CFG)
@@ -261,16 +263,16 @@ def test_save_and_load(rt, model_cfg, trained, tmp_path):
 
 
 def test_split_pairs_holds_out_whole_prompts():
-    pairs = rm.arithmetic_preference_pairs(40, corruption=rm.CORRUPTIONS)
+    pairs = preferences.arithmetic_preference_pairs(40, corruption=preferences.CORRUPTIONS)
     pairs += [dict(pairs[0], id="dup", rejected=pairs[0]["rejected"] + " x")]  # same prompt
-    train, held = rm.split_pairs(pairs, 0.25, seed=3)
+    train, held = preferences.split_pairs(pairs, 0.25, seed=3)
     assert len(train) + len(held) == len(pairs) and len(held) >= 10
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
-    assert rm.split_pairs(pairs, 0.25, seed=3) == (train, held)  # deterministic
+    assert preferences.split_pairs(pairs, 0.25, seed=3) == (train, held)  # deterministic
     with pytest.raises(ValueError, match=r"eval_fraction must be in \(0, 1\)"):
-        rm.split_pairs(pairs, 1.0)
+        preferences.split_pairs(pairs, 1.0)
     with pytest.raises(ValueError, match="1 distinct prompt"):
-        rm.split_pairs(pairs[:1], 0.5)
+        preferences.split_pairs(pairs[:1], 0.5)
 
 
 def test_train_config_from_a_run_config():

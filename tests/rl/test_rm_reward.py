@@ -15,6 +15,7 @@ import pytest
 
 from jaxrl_reason import cli
 from jaxrl_reason import reward_model as rm
+from jaxrl_reason.data import preferences
 from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.pool import BatchRewards
@@ -115,7 +116,7 @@ def rm_workdir(tmp_path_factory):
     the smoke config (its tokenizer is the one the smoke RL runs train)."""
     root = tmp_path_factory.mktemp("rm")
     data = root / "pairs.jsonl"
-    rm.write_preference_pairs(data, rm.arithmetic_preference_pairs(
+    preferences.write_preference_pairs(data, preferences.arithmetic_preference_pairs(
         96, levels=(1,), corruption=("answer", "truncated")))
     workdir = root / "run"
     assert run_cli("reward-model", "--config", SMOKE, "--data", str(data), "--workdir",
