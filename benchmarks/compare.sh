@@ -154,6 +154,25 @@ note = "; ".join(part for part in (
     f"RUN_ANCHORS=0): {', '.join(old)}" if old else "") if part) or "no anchors"
 print(f"note: {note}")
 
+# What the hardware allows: a ratio target is out of reach when meeting it would take more
+# than XLA's measured float32 matmul rate (roofline.py, measured in our run) -- the anchor's
+# achieved FLOP rate, in the same FLOP count, is its tokens/s times ours per token.
+ceilings = []
+for m in ("bench-tiny", "bench-small"):
+    ours, a = load(f"ours.sampler.{m}"), anchor(f"tunix_sampler.{m}")
+    if ours and a:
+        theirs = ours["roofline_fraction"] * a["decode_tok_s"] / ours["decode_tok_s"]
+        ceilings.append(f"sampler {m}: Tunix ran at {100 * theirs:.0f}% of the matmul rate "
+                        f"at the decode shapes, ours at {100 * ours['roofline_fraction']:.0f}%, "
+                        f"2x Tunix needs {200 * theirs:.0f}%")
+if rl and trl:
+    best = sum(rl["split_s_median"][part] * min(1.0, rl["roofline_fraction"][part])
+               for part in ("sample", "reference", "train"))
+    ceilings.append(f"GRPO step with every part at 100% of its matmul rate: {best:.2f} s = "
+                    f"{best / trl['step_s_median']:.2f}x TRL's time")
+if ceilings:
+    print("ceiling: " + "; ".join(ceilings))
+
 
 def ratio(workload_prefix, name):
     return next((r[4] for r in rows if r[0].startswith(workload_prefix)

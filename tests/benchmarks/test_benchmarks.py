@@ -126,5 +126,16 @@ def test_compare_sh_table(quick_results, tmp_path):
     assert "anchors* from results.json" in proc.stdout
     table = [line for line in lines if line.startswith("| sampler bench-tiny")]
     assert len(table) == 2 and table[0].split("|")[3].strip() == "Tunix*"
-    ours = json.loads((out / "ours.sampler.bench-tiny.json").read_text())["decode_tok_s"]
-    assert float(table[0].split("|")[5]) == pytest.approx(ours / 1000.0, abs=0.01)
+    ours = json.loads((out / "ours.sampler.bench-tiny.json").read_text())
+    assert float(table[0].split("|")[5]) == pytest.approx(ours["decode_tok_s"] / 1000.0, abs=0.01)
+    # The ceiling line: the anchor's FLOP rate as a share of ours' matmul rate, and the step
+    # with every part at 100% of its rate.
+    (ceiling,) = [line for line in lines if line.startswith("ceiling: ")]
+    theirs = ours["roofline_fraction"] * 1000.0 / ours["decode_tok_s"]
+    assert (f"sampler bench-tiny: Tunix ran at {100 * theirs:.0f}% of the matmul rate"
+            in ceiling)
+    assert f"2x Tunix needs {200 * theirs:.0f}%" in ceiling
+    rl = json.loads((out / "ours.rl_step.bench-tiny.json").read_text())
+    best = sum(rl["split_s_median"][k] * min(1.0, rl["roofline_fraction"][k])
+               for k in ("sample", "reference", "train"))
+    assert f"{best:.2f} s = {best / 5.0:.2f}x TRL's time" in ceiling
