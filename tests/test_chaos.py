@@ -27,19 +27,20 @@ def _lines(workdir) -> int:
 
 
 def _train(workdir, *extra, kill_at=None):
-    """Runs `train`; with kill_at = (k, delay) it is SIGKILLed `delay` seconds after k more
-    metric lines appeared (k = 0: during start-up/compilation). Kill points follow progress,
-    not wall time, so they land before the run ends on a fast or a slow machine.
-    Returns (exit code or None if killed, output)."""
+    """Runs `train`; with kill_at = (n, delay) it is SIGKILLed `delay` seconds after
+    metrics.jsonl holds n lines (at once when it already does: during start-up and
+    compilation). Kill points follow progress, not wall time, and are absolute, so a resumed
+    run that is already past one is still killed (in start-up) instead of finishing: the
+    kills land on a fast or a slow machine. Returns (exit code or None if killed, output)."""
     cmd = [sys.executable, "-m", "jaxrl_reason.cli", "train", "--workdir", str(workdir),
            *ARGS, *extra]
     log = open(os.path.join(os.path.dirname(workdir), "log.txt"), "a+")
     proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT,
                             text=True)
     if kill_at is not None:
-        k, delay = kill_at
-        base, deadline = _lines(workdir), time.time() + 600
-        while proc.poll() is None and _lines(workdir) < base + k and time.time() < deadline:
+        target, delay = kill_at
+        deadline = time.time() + 600
+        while proc.poll() is None and _lines(workdir) < target and time.time() < deadline:
             time.sleep(0.05)
         time.sleep(delay)
         if proc.poll() is None:
@@ -80,10 +81,13 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(tmp_path):
     chaos = tmp_path / "chaos"
     rng = np.random.default_rng(1234)
     kills = 0
+    # Kill points spread over the 12 steps (6 SFT, then evaluation, 6 RL): start-up, SFT,
+    # around the evaluation and the first RL steps, late RL; each a seeded 0-0.5 s after
+    # its line, so kills also land inside checkpoint saves.
+    targets = [0, int(rng.integers(2, 5)), int(rng.integers(5, 8)), int(rng.integers(8, 10))]
     for attempt in range(12):
         extra = ("--resume",) if attempt else ()
-        # Kills land during start-up, SFT, evaluation, RL or a checkpoint save.
-        kill_at = (int(rng.integers(0, 3)), float(rng.uniform(0, 1.5))) if kills < 4 else None
+        kill_at = (targets[kills], float(rng.uniform(0, 0.5))) if kills < 4 else None
         rc, out = _train(chaos, *extra, kill_at=kill_at)
         if rc is None:
             kills += 1
