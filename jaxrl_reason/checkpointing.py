@@ -58,6 +58,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxrl_reason import paths
 from jaxrl_reason.checkpoint_manifest import (  # noqa: F401 (public names re-exported)
     _METADATA_ITEM, _PRIMARY_HOST, _STATE_ITEM, MANIFEST_FORMAT, MANIFEST_NAME,
     CheckpointCorruptError, _array_entries, _check_leaf, _compare_to_manifest, _Damaged,
@@ -96,7 +97,7 @@ class Checkpointer:
         if not isinstance(save_interval_steps, int) or save_interval_steps < 1:
             raise ValueError(
                 f"save_interval_steps must be an int >= 1, got {save_interval_steps!r}")
-        self._directory = epath.Path(directory)
+        self._directory = epath.Path(paths.absolute(directory))  # orbax: absolute only
         self._options = ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval_steps,
             preservation_policy=ocp.checkpoint_managers.LatestN(n=max_to_keep),

@@ -42,11 +42,13 @@ from jaxrl_reason.validation import check_config
 from jaxrl_reason import distill as distillation
 from jaxrl_reason import pipeline as pipelines
 from jaxrl_reason import reward_model as rm
+from jaxrl_reason import workdir_lock
 from jaxrl_reason.data import preferences
 
 
-def _workdir(fv, config) -> str:
-    return fv.workdir or os.path.join("runs", config.name)
+def _workdir(fv, config, suffix: str = "") -> str:
+    """--workdir, or `runs/<config.name><suffix>` under the current directory (absolute)."""
+    return fv.workdir or paths.absolute(os.path.join("runs", config.name + suffix))
 
 
 def _prepare(fv):
@@ -54,6 +56,7 @@ def _prepare(fv):
     config = fv.config
     check_config(config, jax.device_count())
     workdir = _workdir(fv, config)
+    workdir_lock.acquire(workdir)  # one run per workdir: fails naming the holder
     if not fv.resume and paths.as_path(workdir, "checkpoints").is_dir():
         raise ValueError(f"workdir {workdir!r} already holds checkpoints: pass --resume to "
                          f"continue that run or --workdir to start a new one")
@@ -331,7 +334,8 @@ def distill(fv) -> int:
         student_preset=fv.student_preset, student_init=fv.student_init,
         student_steps=fv.student_steps, student_learning_rate=fv.student_learning_rate,
         seed=fv.seed)
-    workdir = fv.workdir or os.path.join("runs", f"{config.name}_distill")
+    workdir = _workdir(fv, config, "_distill")
+    workdir_lock.acquire(workdir)
     paths.as_path(workdir).mkdir(parents=True, exist_ok=True)
     _say(f"[distill] teacher {directory}: {rt.model_cfg.num_params:,} params; "
          f"{settings.num_prompts} prompts x {settings.num_samples} samples, keep "
@@ -353,7 +357,8 @@ def reward_model(fv) -> int:
     accuracy on held-out pairs and saves it where `rewards.reward_model_dir` can name it."""
     config = fv.config
     check_config(config, jax.device_count())
-    workdir = fv.workdir or os.path.join("runs", f"{config.name}_reward_model")
+    workdir = _workdir(fv, config, "_reward_model")
+    workdir_lock.acquire(workdir)
     out_dir = paths.join(workdir, rm.CHECKPOINT_KIND)
     if paths.as_path(out_dir).is_dir():
         raise ValueError(f"{out_dir} already holds a reward model: pass another --workdir")

@@ -53,3 +53,50 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """`write_bytes_atomic` of UTF-8 text."""
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def absolute(path: str | os.PathLike) -> str:
+    """A local `path` made absolute against the current directory (`~` expanded); remote
+    paths (`gs://...`) and "" are returned as they are. Orbax refuses relative paths, and a
+    run's subprocesses and resumed runs may start elsewhere, so local paths are resolved once,
+    where they enter (the CLI, the checkpointer)."""
+    text = os.fspath(path)
+    if not text or is_remote(text):
+        return text
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    return os.path.abspath(os.path.expanduser(text))
+
+
+# Config fields that hold local paths or URIs (dotted; `*` = every entry of a dict).
+CONFIG_PATH_FIELDS = ("hf_model", "tokenizer.path", "rewards.reward_model_dir",
+                      "task.train_file", "task.eval_files.*", "pipeline.init_checkpoint")
+
+
+def _is_module_file(entry: str) -> bool:
+    """Whether a `rewards.modules` entry names a .py file (made absolute) rather than an
+    importable module name (kept)."""
+    return entry.endswith(".py") or os.sep in entry
+
+
+def absolutize_config(config) -> None:
+    """Makes the local paths of `config` (an ml_collections ConfigDict, locked or not) absolute
+    in place: the fields in `CONFIG_PATH_FIELDS` and the .py files of `rewards.modules`.
+    Absent fields are skipped (not every config has every block)."""
+    for field in CONFIG_PATH_FIELDS:
+        *parents, leaf = field.split(".")
+        node = config
+        for name in parents:
+            node = node.get(name) if hasattr(node, "get") else None
+            if node is None:
+                break
+        if node is None or not hasattr(node, "keys"):
+            continue
+        keys = list(node.keys()) if leaf == "*" else [leaf] if leaf in node else []
+        for key in keys:
+            if isinstance(node[key], str) and node[key]:
+                node[key] = absolute(node[key])
+    rewards = config.get("rewards") if hasattr(config, "get") else None
+    modules = rewards.get("modules") if rewards is not None else None
+    if modules:
+        rewards.modules = tuple(absolute(m) if _is_module_file(m) else m for m in modules)
