@@ -1,0 +1,196 @@
+"""Renders the README's results table from the eval.json that `jaxrl-reason train` writes.
+
+    python scripts/results_table.py runs/arith_grpo/eval.json                 # print it
+    python scripts/results_table.py docs/default_run_eval.json --write README.md
+    python scripts/results_table.py docs/default_run_eval.json --check README.md
+
+The table sits in README.md between the lines `<!-- results:begin -->` and
+`<!-- results:end -->`. `--write` replaces what is between them; `--check` exits 1 when it
+differs from what the JSON gives (and says which line), so a hand-edited number cannot stay.
+
+Input: the file `jaxrl-reason train` writes at `<workdir>/eval.json`,
+`{"reports": {checkpoint: {"sets": {set: {metric: {"mean", "ci95", ...}}}, "config":
+{"num_samples", "seeds", "temperature", ...}}}, "timings": {...}}`; checkpoints are named
+`sft`, `init`, `base` (the starting point) and `rl`. Metrics are fractions (pass@1, maj@k,
+pass@k) or token counts (mean_length). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+DEFAULT_COMMAND = "jaxrl-reason train --config configs/arith_grpo.py"
+CHECKPOINT_LABELS = {"sft": "SFT", "init": "init checkpoint", "base": "base model",
+                     "rl": "RL"}
+TIMING_LABELS = (("sft_s", "SFT"), ("eval_before_s", "evaluation before"),
+                 ("rl_s", "RL"), ("eval_after_s", "evaluation after"))
+
+
+class ResultsError(ValueError):
+    """Bad input: the message names the file and the key or line at fault."""
+
+
+def _get(mapping: Any, key: str, where: str) -> Any:
+    """mapping[key], or a ResultsError naming `where` (a path such as `reports.sft`)."""
+    if not isinstance(mapping, Mapping) or key not in mapping:
+        raise ResultsError(f"{where}: missing key {key!r}")
+    return mapping[key]
+
+
+def load_eval(path: str) -> dict:
+    """The parsed eval.json of a train run; ResultsError if it is not one."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not JSON: {e}") from None
+    reports = _get(data, "reports", path)
+    if not isinstance(reports, Mapping) or not reports:
+        raise ResultsError(f"{path}: 'reports' holds no checkpoint (is this the eval.json "
+                           f"of `jaxrl-reason train`?)")
+    return data
+
+
+def num_samples(data: Mapping, where: str) -> int:
+    """k, the samples per problem of every report (they must agree)."""
+    ks = {name: _get(_get(rep, "config", f"{where}: reports.{name}"), "num_samples",
+                     f"{where}: reports.{name}.config")
+          for name, rep in data["reports"].items()}
+    if len(set(ks.values())) != 1:
+        raise ResultsError(f"{where}: checkpoints were evaluated with different numbers of "
+                           f"samples per problem: {ks}")
+    return int(next(iter(ks.values())))
+
+
+def format_cell(summary: Mapping, scale: float, where: str) -> str:
+    """'mean ± ci95' of one metric's summary over seeds, times `scale`, one decimal."""
+    mean = _get(summary, "mean", where)
+    ci = _get(summary, "ci95", where)
+    return f"{scale * float(mean):.1f} ± {scale * float(ci):.1f}"
+
+
+def table_lines(data: Mapping, where: str) -> list[str]:
+    """The markdown table: a row per (checkpoint, eval set), columns pass@1, maj@k, pass@k
+    (%) and mean length (tokens)."""
+    k = num_samples(data, where)
+    columns = (("pass@1", 100.0, "pass@1 (%)"), (f"maj@{k}", 100.0, f"maj@{k} (%)"),
+               (f"pass@{k}", 100.0, f"pass@{k} (%)"),
+               ("mean_length", 1.0, "mean length (tokens)"))
+    lines = ["| checkpoint: eval set | " + " | ".join(c[2] for c in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    for name, report in data["reports"].items():
+        sets = _get(report, "sets", f"{where}: reports.{name}")
+        label = CHECKPOINT_LABELS.get(name, name)
+        for set_name, metrics in sets.items():
+            cells = [format_cell(_get(metrics, key, f"{where}: reports.{name}.sets."
+                                                     f"{set_name}"),
+                                 scale, f"{where}: reports.{name}.sets.{set_name}.{key}")
+                     for key, scale, _ in columns]
+            lines.append(f"| {label}: {set_name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def caption_lines(data: Mapping, json_path: str, command: str, seed: int) -> list[str]:
+    """What produced the table and where its numbers live; the sampling settings; the wall
+    time when the JSON has it."""
+    k = num_samples(data, json_path)
+    config = next(iter(data["reports"].values()))["config"]
+    seeds = config.get("seeds", [])
+    temperature = config.get("temperature")
+    lines = [f"Produced by `{command}` (seed {seed}); the numbers are in `{json_path}`. "
+             f"{k} samples per problem"
+             + (f" at temperature {temperature}" if temperature is not None else "")
+             + f"; mean ± 95% t-interval over {len(seeds)} sampling seeds."]
+    timings = data.get("timings") or {}
+    if "total_s" in timings:
+        parts = ", ".join(f"{label} {float(timings[key]):.0f} s"
+                          for key, label in TIMING_LABELS if key in timings)
+        lines.append(f"Wall time {float(timings['total_s']) / 60:.1f} min ({parts}).")
+    return lines
+
+
+def render_block(data: Mapping, json_path: str, command: str = DEFAULT_COMMAND,
+                 seed: int = 0) -> str:
+    """The text between the markers (no markers), ending in a newline."""
+    lines = caption_lines(data, json_path, command, seed) + [""]
+    return "\n".join(lines + table_lines(data, json_path)) + "\n"
+
+
+def split_document(text: str, where: str) -> tuple[str, str, str]:
+    """(before and including BEGIN's line, the block, END's line and after)."""
+    begin, end = text.find(BEGIN), text.find(END)
+    if begin < 0 or end < 0:
+        missing = BEGIN if begin < 0 else END
+        raise ResultsError(f"{where}: no {missing!r} line: put the results table between "
+                           f"{BEGIN} and {END}")
+    if text.count(BEGIN) > 1 or text.count(END) > 1:
+        raise ResultsError(f"{where}: the markers {BEGIN} / {END} must appear once each")
+    if end < begin:
+        raise ResultsError(f"{where}: {END} comes before {BEGIN}")
+    head_end = text.index("\n", begin) + 1
+    return text[:head_end], text[head_end:end], text[end:]
+
+
+def first_difference(expected: str, found: str) -> str:
+    """A one-line description of the first line where two blocks differ."""
+    want, got = expected.splitlines(), found.splitlines()
+    for i in range(max(len(want), len(got))):
+        a = want[i] if i < len(want) else "<nothing>"
+        b = got[i] if i < len(got) else "<nothing>"
+        if a != b:
+            return f"line {i + 1} of the block: expected {a!r}, found {b!r}"
+    return "trailing whitespace differs"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("eval_json", help="eval.json written by `jaxrl-reason train`")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", metavar="MD", help="replace the table between the markers")
+    mode.add_argument("--check", metavar="MD", help="exit 1 if the table between the "
+                      "markers differs from what the JSON gives")
+    parser.add_argument("--command", default=DEFAULT_COMMAND,
+                        help="the command that wrote the JSON, as the caption states it")
+    parser.add_argument("--seed", type=int, default=0, help="the run's config.seed")
+    args = parser.parse_args(argv)
+    try:
+        block = render_block(load_eval(args.eval_json), args.eval_json, args.command,
+                             args.seed)
+        if not (args.write or args.check):
+            sys.stdout.write(block)
+            return 0
+        target = args.write or args.check
+        try:
+            with open(target) as f:
+                text = f.read()
+        except OSError as e:
+            raise ResultsError(f"{target}: cannot read: {e.strerror}") from None
+        head, found, tail = split_document(text, target)
+        if args.check:
+            if found != block:
+                print(f"{target}: the results table differs from {args.eval_json} "
+                      f"({first_difference(block, found)}); regenerate it with "
+                      f"`python scripts/results_table.py {args.eval_json} --write {target}`",
+                      file=sys.stderr)
+                return 1
+            print(f"{target}: the results table matches {args.eval_json}")
+            return 0
+        with open(target, "w") as f:
+            f.write(head + block + tail)
+        print(f"{target}: results table written from {args.eval_json}")
+        return 0
+    except ResultsError as e:
+        print(f"results_table: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
