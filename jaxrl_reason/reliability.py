@@ -1,6 +1,7 @@
 """Run guards: graceful stop on SIGTERM/SIGINT, non-finite update skipping, start-up checks.
 
-- `GracefulStop`: while installed, SIGTERM (spot-TPU preemption, `kill`) and the first
+- `GracefulStop`: while installed (the CLI runs every command inside one; leaving it
+  releases the workdir locks the command took, see `workdir_lock`), SIGTERM (spot-TPU preemption, `kill`) and the first
   SIGINT (Ctrl-C) only set a flag; the training loops check it at every step boundary,
   save a checkpoint and raise `Preempted`, which the CLI turns into exit code 0. A second
   SIGINT interrupts at once (KeyboardInterrupt).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import signal
 import threading
@@ -30,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_reason import paths
+from jaxrl_reason import paths, workdir_lock
 
 _log = logging.getLogger(__name__)
 
@@ -89,6 +91,9 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        # The CLI runs each command inside one GracefulStop: the workdir locks the command
+        # took (`workdir_lock.acquire`) end with it.
+        workdir_lock.release_all()
 
 
 def stop_requested() -> bool:
@@ -153,7 +158,9 @@ def tree_bytes(tree) -> int:
 def check_workdir(workdir: str, checkpoint_bytes: int, max_to_keep: int,
                   phases: int = 2) -> None:
     """Raises OSError naming `workdir` when it cannot be written or its disk lacks room for
-    `phases * (max_to_keep + 1)` checkpoints of `checkpoint_bytes` (plus 10%).
+    `phases * (max_to_keep + 1)` checkpoints of `checkpoint_bytes` (plus 10%). Existing
+    checkpoint directories (`checkpoints/` and its phase directories, which a resumed run
+    writes into) must be writable too: a read-only one is found here, before any work.
 
     `workdir` may be remote (gs://..., any etils.epath path): the write probe goes through
     epath, and the free-space check is skipped (an object store has no disk to measure).
@@ -161,14 +168,12 @@ def check_workdir(workdir: str, checkpoint_bytes: int, max_to_keep: int,
     checkpoint shards there).
     """
     root = paths.as_path(workdir)
-    suffix = "" if jax.process_count() == 1 else f".{jax.process_index()}"
-    probe = root / f".write_probe{suffix}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
-        probe.unlink()
     except OSError as e:
         raise OSError(f"workdir {workdir!r} is not writable: {e}") from e
+    for directory in [root] + _checkpoint_dirs(root):
+        _probe_write(directory, workdir)
     if paths.is_remote(workdir):
         _log.info("workdir %s is remote: free space is not checked", workdir)
         return
@@ -178,6 +183,31 @@ def check_workdir(workdir: str, checkpoint_bytes: int, max_to_keep: int,
         raise OSError(f"workdir {workdir!r}: {free / 2**20:.0f} MiB free on its disk, but the "
                       f"run's checkpoints need about {need / 2**20:.0f} MiB ({phases} phases x "
                       f"{max_to_keep + 1} checkpoints x {checkpoint_bytes / 2**20:.1f} MiB)")
+
+
+def _checkpoint_dirs(root) -> list:
+    """The existing `checkpoints` directory of a workdir and its phase directories (a
+    resumed run saves into them, so each must be writable too)."""
+    top = root / "checkpoints"
+    if not top.is_dir():
+        return []
+    return [top] + sorted(d for d in top.iterdir() if d.is_dir())
+
+
+def _probe_write(directory, workdir: str) -> None:
+    """Writes and deletes a probe file in `directory` (one per process); raises OSError
+    naming the directory when that fails (read-only, no permission, full)."""
+    suffix = "" if jax.process_count() == 1 else f".{jax.process_index()}"
+    probe = directory / f".write_probe{suffix}"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        what = ("workdir" if os.fspath(directory) == os.fspath(paths.as_path(workdir))
+                else "checkpoint directory")
+        raise OSError(f"{what} {os.fspath(directory)!r} is not writable, so no checkpoint "
+                      f"could be saved; nothing was trained (fix its permissions or pass "
+                      f"another --workdir): {e}") from e
 
 
 def check_prompt_lengths(encode, sets: Mapping[str, Sequence[Mapping]], buckets: Sequence[int],
