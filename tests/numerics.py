@@ -1,0 +1,97 @@
+"""Tolerances for comparing float32 results, from a rounding-error bound instead of one
+machine's last digits.
+
+Two float32 programs that compute the same value in different orders (another batching,
+chunking, sharding, cache length, kernel against reference) round differently. The standard
+bound for recursive summation (Higham, "Accuracy and Stability of Numerical Algorithms",
+2nd ed., eqs. 3.4-3.5 and 4.4) holds for any order of the additions:
+
+    |fl(x_1 + ... + x_n) - (x_1 + ... + x_n)| <= gamma_n * (|x_1| + ... + |x_n|)
+    |fl(x . y) - x . y|                       <= gamma_n * (|x_1 y_1| + ... + |x_n y_n|)
+    gamma_n = n u / (1 - n u),   u = 2**-24 (float32, round to nearest)
+
+so it depends on the reduction length n and on the magnitude sum |x_i| of the summed
+terms, not on the value itself (cancellation makes the value small, not the error).
+
+`f32_tolerance` turns that into an absolute tolerance for `assert_allclose(atol=...)`:
+
+    atol = orders * chain * gamma_n * magnitude
+
+  - orders: 2 when both sides are float32 computations (each may be off by the bound, in
+    opposite directions), 1 against an exact or float64 reference.
+  - chain: how many such reductions the value passes through one after another (e.g. the
+    layers of a network, then a logsumexp). To first order their errors add; each stage's
+    error reaches the output scaled by at most the output's terms' magnitude when the
+    stages in between preserve relative size (normalization, softmax, residual adds), which
+    is the assumption this factor encodes.
+
+For a value whose terms all have one sign (a softmax denominator, a sum of squares, a
+norm) the magnitude is the value itself, and `f32_tolerance(n, 1.0, ...)` is a relative
+tolerance for `rtol=`.
+
+The bound is worst case (it grows like n u; random rounding errors grow like sqrt(n) u), so
+a result outside it is a bug, not unlucky rounding.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude"]
+
+F32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def gamma(n: int, u: float = F32_UNIT_ROUNDOFF) -> float:
+    """gamma_n = n u / (1 - n u), the relative error bound of a length-n sum or dot product.
+
+    Args:
+      n: int >= 1, the reduction length.
+      u: the unit roundoff (float32 by default).
+    Returns:
+      python float.
+    Raises:
+      ValueError: n < 1, or n u >= 1 (the bound does not exist).
+    """
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"gamma: reduction length must be an int >= 1, got {n!r}")
+    if n * u >= 1.0:
+        raise ValueError(f"gamma: n * u = {n * u} >= 1, no bound for n = {n}")
+    return n * u / (1.0 - n * u)
+
+
+def f32_tolerance(reduction_length: int, magnitude: float, *, chain: int = 1,
+                  orders: int = 2) -> float:
+    """Absolute tolerance between two float32 evaluations of one value (module docstring).
+
+    Args:
+      reduction_length: int, the longest sum or dot product in the computation.
+      magnitude: float >= 0, an upper bound of sum |x_i| over the summed terms, in the units
+        of the compared value (1.0 gives a relative tolerance when the terms share a sign).
+      chain: int >= 1, how many reductions the value passes through one after another.
+      orders: 2 if both sides are float32 computations, 1 against an exact/float64 reference.
+    Returns:
+      python float: orders * chain * gamma(reduction_length) * magnitude.
+    Raises:
+      ValueError: a negative or non-finite magnitude, chain < 1, or orders not in (1, 2).
+    """
+    if not np.isfinite(magnitude) or magnitude < 0:
+        raise ValueError(f"f32_tolerance: magnitude must be finite and >= 0, got {magnitude!r}")
+    if not isinstance(chain, (int, np.integer)) or chain < 1:
+        raise ValueError(f"f32_tolerance: chain must be an int >= 1, got {chain!r}")
+    if orders not in (1, 2):
+        raise ValueError(f"f32_tolerance: orders must be 1 or 2, got {orders!r}")
+    return float(orders * chain * gamma(reduction_length) * magnitude)
+
+
+def abs_matmul_magnitude(x, w) -> float:
+    """The magnitude of the terms of x @ w: max over outputs of sum_i |x_..i| |w_ij|.
+
+    Args:
+      x: array [..., n]; w: array [n, m] (any float dtype; computed in float64).
+    Returns:
+      python float, the `magnitude` argument of `f32_tolerance` for the entries of x @ w.
+    """
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    if w.ndim != 2 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"abs_matmul_magnitude: shapes {x.shape} @ {w.shape} do not match")
+    return float((np.abs(x) @ np.abs(w)).max(initial=0.0))
