@@ -1,4 +1,4 @@
-r"""LaTeX -> sympy `parse_expr` text, for the sympy worker process (no sympy import here).
+r"""LaTeX -> expression text for the sympy worker process (no sympy import here).
 
 `latex_to_sympy` handles `\frac`, `\binom`, `\sqrt[n]{}`, powers, subscripted names, `\pi`,
 `\infty`, `\cdot`/`\times`/`\div`, named functions with LaTeX arguments (`\sin 2x`,
@@ -7,8 +7,8 @@ matrix environments (as `Matrix([[..]])`), `i` (imaginary unit) and `e` (Euler's
 when they stand alone. It refuses power towers, huge literals, factorials of literals
 above `MAX_FACTORIAL` and factorials of factorials or powers, so the worker is rarely asked
 to build a giant number (what slips through is cut by the worker's deadline). Its output
-only holds names, numbers, `+-*/()[],!` and spaces (no `__`, no `.name`), and the worker
-parses it in a namespace without Python builtins.
+only holds names, numbers, `+-*/()[],!` and spaces (no `__`, no `.name`); the worker
+builds sympy objects from its syntax tree (`_sympy_tree`), never evaluating it.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class _Unsupported(Exception):
 
 
 def latex_to_sympy(s: str) -> str | None:
-    """A sympy `parse_expr` string for a normalized LaTeX expression, or None."""
+    """Expression text (`_sympy_tree` grammar) for a normalized LaTeX expression, or None."""
     if not s or len(s) > MAX_SYMPY_CHARS:
         return None
     try:

@@ -6,14 +6,25 @@ runs in a small pool of persistent child processes. A call that overruns its dea
 its worker, and a replacement starts at once in the background. The client is safe to use
 from many threads.
 
-Protocol (one JSON object per line): request `{"a": str, "b": str, "mode": str, "atol": float}`
-where `a` and `b` are sympy-parsable expression strings (`_latex_sympy` output); reply
-`{"r": true | false}`. Modes: "expr" (equal values; a matrix equals a matrix of the same shape
-entrywise), "eq" (`a` and `b` are `lhs - (rhs)` of two equations: equal up to a nonzero
-constant factor), "rel" (same for two inequalities, the factor must be positive). `atol` is
-an extra absolute tolerance for constant expressions (the half-unit of a decimal literal).
-The child prints `{"ready": true}` once sympy is imported. This file is also the child's
-program (`python -c <bootstrap> <this file>`); the child imports nothing from the package.
+Each worker is a zygote: it imports sympy, warms it up and announces `{"ready": true}`, then
+serves one request per line, `{"id": int, "a": str, "b": str, "mode": str, "atol": float,
+"t": float}`, where `a` and `b` are expression strings (`_latex_sympy` output). It forks a
+job per request; the job parses both sides into sympy objects from a syntax tree
+(`_sympy_tree`: nothing is evaluated as code), compares them and writes one byte into a
+pipe made for that job only; the zygote answers `{"id": id, "r": true | false | null}`
+(null: the job overran `t` and was killed). The parent accepts exactly one line with the
+request's id; anything else (silence past the deadline, garbage, an extra line) kills and
+replaces the worker, so one job's output can never reach another job's verdict. With
+isolation (the default where `isolation.available()`), the zygote runs under bubblewrap as
+an unprivileged uid with no capabilities, no network, its own pid namespace and a
+read-only view of the Python installation and these two files only.
+
+Modes: "expr" (equal values; a matrix equals a matrix of the same shape entrywise), "eq"
+(`a` and `b` are `lhs - (rhs)` of two equations: equal up to a nonzero constant factor),
+"rel" (same for two inequalities, the factor must be positive). `atol` is an extra absolute
+tolerance for constant expressions (the half-unit of a decimal literal). This file is also
+the zygote's program (`python -c <bootstrap> <this file>`); it imports nothing from the
+package.
 
 How the child decides: parse both sides; constants compare exactly when their difference is
 a rational number, else numerically at 30 digits (relative 1e-12, plus `atol`); expressions
@@ -32,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 # A fresh worker imports sympy (~0.3-2 s). The pool's very first start-up has this
 # allowance beyond the caller's deadline; later (replacement) start-ups do not.
@@ -39,6 +51,8 @@ _STARTUP_TIMEOUT_S = 30.0
 # Idle workers cost memory, not CPU: two more than the cores (at most 4), so that a call
 # stuck until its deadline on a small host does not make the other threads wait for a slot.
 _MAX_WORKERS = min(4, (os.cpu_count() or 1) + 2)
+_MEMORY_BYTES = 4 * 2**30  # address space of a worker and of each of its jobs
+_REPLY_GRACE_S = 0.5  # the zygote ends a job at its deadline; past this grace it is killed
 # Run this file by path without putting its directory (which holds `math.py`) on sys.path.
 _BOOTSTRAP = (
     "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
@@ -49,37 +63,13 @@ _BOOTSTRAP = (
 # ----------------------------------------------------------------------------- child side
 
 _REL_TOL = 1e-12
-_GREEK = (
-    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lamda mu nu "
-    "xi rho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi "
-    "Psi Omega"
-).split()
 _CHILD: dict = {}
 
 
 def _child_parse(text: str):
-    """Parse one expression string with implicit multiplication; Greek names and single capital
-    letters (but `E`, `I`) are plain symbols rather than sympy functions or constants."""
-    if not _CHILD:
-        import sympy
-        from sympy.parsing.sympy_parser import (
-            convert_xor,
-            implicit_multiplication_application,
-            standard_transformations,
-        )
-
-        local = {"E": sympy.E, "I": sympy.I, "pi": sympy.pi, "oo": sympy.oo}
-        local.update({name: sympy.Symbol(name) for name in _GREEK})
-        local.update({c: sympy.Symbol(c) for c in "ABCDFGHJKLMNOPQRSTUVWXYZ"})
-        namespace: dict = {}
-        exec("from sympy import *", namespace)  # noqa: S102 (no Python builtins such as input())
-        _CHILD["local"], _CHILD["global"] = local, namespace
-        _CHILD["transforms"] = standard_transformations + (
-            implicit_multiplication_application, convert_xor)
-    from sympy.parsing.sympy_parser import parse_expr
-
-    return parse_expr(text, local_dict=dict(_CHILD["local"]), global_dict=dict(_CHILD["global"]),
-                      transformations=_CHILD["transforms"])
+    """The sympy object of one expression string, built from a syntax tree by `_sympy_tree`
+    (loaded by path next to this file); no string is ever evaluated."""
+    return _CHILD["tree"].build(text)
 
 
 def _child_compare(a: str, b: str, mode: str = "expr", atol: float = 0.0) -> bool:
@@ -177,21 +167,117 @@ def _close(va: complex, vb: complex, atol: float) -> bool:
     return abs(va - vb) <= atol + _REL_TOL * max(abs(va), abs(vb)) + 1e-20
 
 
-def _child_main() -> None:
-    """Serve requests from stdin until EOF; a failed comparison answers false."""
-    import sympy  # noqa: F401  (import before announcing readiness)
+# Comparisons run once in the zygote before it announces readiness, so that the lazy imports
+# and caches they fill are paid once rather than in every forked job.
+_WARM = ["2 x + 1", "sqrt(2)/2", "sin(pi/3) + cos(x)", "Matrix([[1, 2], [3, 4]])",
+         "log(8)/log(2)", "(n + 1)!", "binomial(5, 2)", "floor(x) + Abs(y)", "1.5", "x_1 y",
+         "E**(I pi)", "atan(1) + exp(2)"]
 
+
+def _load_tree():
+    """`_sympy_tree` loaded by path from this file's directory (no package import)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sympy_tree.py")
+    spec = importlib.util.spec_from_file_location("_jaxrl_sympy_tree", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _undumpable() -> None:
+    """PR_SET_DUMPABLE 0: the forked jobs (same uid) cannot ptrace this process or open its
+    file descriptors through /proc, so they cannot write to the verdict stream."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _job(req: dict, own_pid_ns: bool) -> bool | None:
+    """Run one comparison in a forked process and read its verdict from a fresh pipe.
+
+    The job process holds only the write end of its own pipe (stdin/stdout/stderr are
+    /dev/null, every other descriptor closed), so it cannot reach the verdict stream or any
+    other job. Returns True/False, or None at the request's time limit `t`; the job and, in
+    its own pid namespace, every other process but this one are then killed.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the job: parse and compare untrusted text, answer one byte, exit
+        verdict = b"F"
+        try:
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, w)
+            os.closerange(w + 1, 4096)
+            os.setpgid(0, 0)
+            verdict = b"T" if _child_compare(str(req["a"]), str(req["b"]), str(req["mode"]),
+                                             float(req["atol"])) else b"F"
+        except BaseException:  # any parse/simplify failure means "not shown equal"
+            pass
+        try:
+            os.write(w, verdict)
+        finally:
+            os._exit(0)
+    os.close(w)
+    deadline, data = time.monotonic() + max(0.0, float(req["t"])), b""
+    try:
+        while len(data) < 2:
+            readable, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(r, 2) if readable else b""
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, 9)
+            except OSError:
+                pass
+        os.waitpid(pid, 0)
+        if own_pid_ns:  # strays a job may have left (pid 1, bwrap's init, is exempt)
+            try:
+                os.kill(-1, 9)
+            except OSError:
+                pass
+            _reap()
+    return {b"T": True, b"F": False}.get(data)
+
+
+def _reap() -> None:
+    """Collect exited children without blocking."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _child_main() -> None:
+    """The zygote: serve requests `{"id", "a", "b", "mode", "atol", "t"}` from stdin until
+    EOF, each in a forked job, answering `{"id": id, "r": true | false | null}`."""
+    _CHILD["tree"] = _load_tree()
+    for text in _WARM:
+        for mode in ("expr", "eq"):
+            try:
+                _child_compare(text, text, mode, 0.0)
+            except Exception:
+                pass
+    own_pid_ns = "--own-pid-ns" in sys.argv[1:]
+    _undumpable()
     out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()
     for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            mode, atol = str(req.get("mode", "expr")), float(req.get("atol", 0))
-            result = _child_compare(str(req["a"]), str(req["b"]), mode, atol)
-        except Exception:  # any parse/simplify failure means "not shown equal"
-            result = False
-        out.write(json.dumps({"r": bool(result)}) + "\n")
+        req = json.loads(line)
+        result = _job(req, own_pid_ns)
+        out.write(json.dumps({"id": int(req["id"]), "r": result}) + "\n")
         out.flush()
 
 
@@ -202,16 +288,36 @@ if __name__ == "__jaxrl_sympy_worker__":
 # ---------------------------------------------------------------------------- parent side
 
 
+def _reply(line: bytes | None, job: int) -> dict | None:
+    """The zygote's reply to request `job` if `line` is exactly that, else None."""
+    try:
+        reply = json.loads(line) if line is not None else None
+    except ValueError:
+        return None
+    if not isinstance(reply, dict) or set(reply) != {"id", "r"} or reply["id"] != job or \
+            reply["r"] not in (True, False, None):
+        return None
+    return reply
+
+
 class _Worker:
     """One child process and its line buffer; `ready` once it has announced itself."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP, os.path.abspath(__file__)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+    def __init__(self, isolate: bool) -> None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        files = [os.path.join(here, name) for name in ("_sympy_worker.py", "_sympy_tree.py")]
+        argv = [sys.executable, "-I", "-c", _BOOTSTRAP, files[0]]
+        env = None
+        if isolate:
+            from jaxrl_reason.rewards import isolation  # parent side only
+
+            limits = isolation.rlimit_args(_MEMORY_BYTES, 3600, 2**20, 64, 512)
+            argv = isolation.sandbox_command(argv + ["--own-pid-ns"], files=files,
+                                             rlimits=limits)
+            env = isolation.sandbox_env()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env)
+        self.jobs = 0
         self._buf = b""
         self.ready = False
 
@@ -244,6 +350,13 @@ class _Worker:
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
+    def pending(self) -> bool:
+        """Whether anything beyond the last reply has arrived (a sign of a broken worker)."""
+        if self._buf:
+            return True
+        readable, _, _ = select.select([self.proc.stdout.fileno()], [], [], 0)
+        return bool(readable)
+
     def kill(self) -> None:
         """End the child at once."""
         try:
@@ -267,7 +380,15 @@ class SympyPool:
     start-up is allowed `_STARTUP_TIMEOUT_S` beyond it).
     """
 
-    def __init__(self, max_workers: int = _MAX_WORKERS) -> None:
+    def __init__(self, max_workers: int = _MAX_WORKERS, isolate: bool | None = None) -> None:
+        if isolate is None:
+            from jaxrl_reason.rewards import isolation
+
+            isolate = isolation.available()
+            if not isolate:
+                warnings.warn("sympy workers run WITHOUT OS isolation (bubblewrap or user "
+                              "namespaces unavailable); install bubblewrap", RuntimeWarning)
+        self.isolate = bool(isolate)
         self.max_workers = max_workers
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
@@ -292,17 +413,21 @@ class SympyPool:
             worker = self._checkout(deadline)
             if worker is None:
                 return None
-            request = {"a": a, "b": b, "mode": mode, "atol": float(atol)}
+            worker.jobs += 1
+            job = worker.jobs
+            request = {"id": job, "a": a, "b": b, "mode": mode, "atol": float(atol),
+                       "t": max(0.0, deadline - time.monotonic())}
             worker.proc.stdin.write((json.dumps(request) + "\n").encode())
             worker.proc.stdin.flush()
-            line = worker.read_line(deadline)
-            if line is None:
+            line = worker.read_line(deadline + _REPLY_GRACE_S)
+            reply = _reply(line, job)
+            if reply is None or worker.pending():  # silent, garbled, or more than one line
                 self._discard(worker, replace=True)
                 worker = None
                 return None
             self._checkin(worker)
             worker = None
-            return bool(json.loads(line)["r"])
+            return reply["r"]
         except Exception:
             if worker is not None:
                 self._discard(worker, replace=True)
@@ -326,7 +451,7 @@ class SympyPool:
         return ready
 
     def _spawn(self) -> None:
-        worker = _Worker()
+        worker = _Worker(self.isolate)
         with self._lock:
             if not self._closed:
                 self._all.add(worker)
@@ -354,7 +479,7 @@ class SympyPool:
         for w in dead:
             self._discard(w)
         if worker is None:
-            worker = _Worker()
+            worker = _Worker(self.isolate)
             with self._lock:
                 self._all.add(worker)
         startup = max(deadline, time.monotonic() + _STARTUP_TIMEOUT_S) if free_start else deadline
