@@ -5,7 +5,8 @@
 - The manifest ``<step>/jaxrl_manifest.json`` (format 2: the step, every array's path, shape
   and dtype, the metadata checksum, and every file's relative path, size and SHA-256; format
   1, without the file list, is still read), written once a step is final, and the checks
-  of a step's files and arrays against it.
+  of a step's files and arrays against it. Symbolic links are never followed out of a
+  step directory: one pointing outside is a problem naming it.
 
 `checkpointing.Checkpointer` uses these; the module docstring there says when a manifest is
 written and what a damaged step does.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 from etils import epath
+
+from jaxrl_reason import paths
 
 PyTree = Any
 
@@ -225,16 +229,48 @@ def _write_manifest(step_dir: epath.Path, manifest: dict) -> None:
     tmp.rename(step_dir / MANIFEST_NAME)
 
 
+class SymlinkOutsideError(OSError):
+    """A symbolic link inside a step directory points outside it (never followed)."""
+
+
+def _local_path(path: epath.Path) -> str | None:
+    """The local filesystem path of `path`, or None on an object store (no symlinks)."""
+    text = os.fspath(path)
+    return None if paths.is_remote(text) else text
+
+
+def _check_link(child: epath.Path, rel: str, root: str | None) -> bool:
+    """Whether `child` is a symbolic link (local paths only). Raises SymlinkOutsideError
+    naming it when its target resolves outside `root` (the step directory's real path)."""
+    local = _local_path(child)
+    if root is None or local is None or not os.path.islink(local):
+        return False
+    target = os.path.realpath(local)
+    if os.path.commonpath([target, root]) != root:
+        raise SymlinkOutsideError(f"{rel}: a symbolic link to {target}, outside the step "
+                                  f"directory (not followed)")
+    return True
+
+
 def _step_files(step_dir: epath.Path) -> dict[str, epath.Path]:
     """{relative posix path: path} of every file under `step_dir` but our manifest (and its
-    temporary), sorted by path."""
+    temporary), sorted by path.
+
+    Symbolic links are never followed out of the step: one pointing outside raises
+    SymlinkOutsideError naming it; a link to a directory inside is not descended (its files
+    are listed under their own paths); a link to a file inside counts as that file.
+    """
     found: dict[str, epath.Path] = {}
+    local = _local_path(step_dir)
+    root = os.path.realpath(local) if local is not None else None
 
     def walk(d: epath.Path, prefix: str) -> None:
         for child in d.iterdir():
             rel = prefix + child.name
+            link = _check_link(child, rel, root)
             if child.is_dir():
-                walk(child, rel + "/")
+                if not link:
+                    walk(child, rel + "/")
             elif rel not in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
                 found[rel] = child
 
@@ -274,6 +310,8 @@ def _verify_files(step_dir: epath.Path, manifest: dict,
 
     try:
         present = _step_files(step_dir)
+    except SymlinkOutsideError as e:
+        return [str(e)]
     except OSError as e:
         return [f"cannot list the files: {_short(e)}"]
     problems = []

@@ -239,7 +239,12 @@ class Checkpointer:
             return False  # already saved, e.g. the step a resumed run restored
         items = {_STATE_ITEM: ocp.args.StandardSave(state),
                  _METADATA_ITEM: ocp.args.JsonSave(encoded)}
-        saved = mngr.save(step, args=ocp.args.Composite(**items), force=force)
+        try:
+            saved = mngr.save(step, args=ocp.args.Composite(**items), force=force)
+        except OSError as e:  # read-only or full storage: say where, not only orbax's errno
+            raise OSError(f"cannot save checkpoint step {step} in {self._directory}: {e} "
+                          f"(is the directory writable? `reliability.check_workdir` checks "
+                          f"this before a run starts)") from e
         if saved:
             # orbax.save waited for every earlier save before starting this one.
             self._write_pending(s for s in list(self._pending) if s < step)

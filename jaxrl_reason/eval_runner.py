@@ -24,8 +24,10 @@ live in `jaxrl_reason.evaluation` and `jaxrl_reason.comparison`, which are pure 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -333,24 +335,73 @@ def with_eval_overrides(config: ml_collections.ConfigDict, *,
     return out
 
 
-def load_for_eval(path: str, config: ml_collections.ConfigDict | None = None,
-                  overrides: Mapping[str, Any] | None = None, reuse: Runtime | None = None):
-    """(Runtime, params, checkpoint directory) of a run workdir or phase checkpoint.
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What `load_checkpoint` read: the runtime, the params and where they came from.
+
+    Attributes:
+      rt: the Runtime (the checkpoint's tokenizer, the given or stored config).
+      params: the params pytree, laid out on `rt.mesh`.
+      directory: the phase checkpoint directory (`run_state.resolve_checkpoint_dir`).
+      step: the checkpoint step the params and metadata come from.
+      skipped: {step: [problem, ...]} of damaged newer steps skipped to reach `step`.
+    """
+
+    rt: Runtime
+    params: Any
+    directory: str
+    step: int
+    skipped: dict[int, list[str]]
+
+
+def load_checkpoint(path: str, config: ml_collections.ConfigDict | None = None,
+                    overrides: Mapping[str, Any] | None = None,
+                    reuse: Runtime | None = None) -> LoadedCheckpoint:
+    """The newest usable step of a run workdir or phase checkpoint, for evaluation.
 
     The runtime uses the checkpoint's own tokenizer and, unless `config` is given, the
     config stored in the checkpoint; `overrides` are `with_eval_overrides` keywords. With
     `reuse`, that runtime is returned when the checkpoint has the same tokenizer and model
-    (the SFT and RL checkpoints of one run), so its compiled sampler serves both.
-    Raises FileNotFoundError / ValueError naming the path.
+    (the SFT and RL checkpoints of one run), so its compiled sampler serves both. Metadata
+    and params come from one step: the newest whose metadata and arrays verify; damaged
+    newer steps are reported on stderr (process 0) and listed in `skipped`.
+    Raises FileNotFoundError / ValueError naming the path (CheckpointCorruptError when
+    every step is damaged).
     """
-    from jaxrl_reason.checkpointing import Checkpointer
-    from jaxrl_reason.run_state import load_params, resolve_checkpoint_dir
-    from jaxrl_reason.runtime import build_runtime
-    from jaxrl_reason.tokenizers import tokenizer_from_serialized
+    from jaxrl_reason.checkpointing import CheckpointCorruptError, Checkpointer
+    from jaxrl_reason.run_state import resolve_checkpoint_dir
 
     directory = resolve_checkpoint_dir(path)
     with Checkpointer(directory) as ckpt:
-        meta = ckpt.metadata()
+        steps = ckpt.all_steps()[::-1]
+    skipped: dict[int, list[str]] = {}
+    for i, step in enumerate(steps):
+        try:
+            rt, params = _load_step(directory, step, config, overrides, reuse)
+        except CheckpointCorruptError as e:
+            skipped.update(e.problems)
+            if jax.process_index() == 0:
+                nxt = f"falling back to step {steps[i + 1]}" if i + 1 < len(steps) else \
+                    "no older step left"
+                print(f"[checkpoint] {directory}: step {step} is damaged (left in place): "
+                      f"{'; '.join(e.problems.get(step, [str(e)])[:3])}; {nxt}",
+                      file=sys.stderr, flush=True)
+            continue
+        return LoadedCheckpoint(rt, params, directory, step, skipped)
+    raise CheckpointCorruptError(
+        f"no usable checkpoint in {directory}: all {len(skipped)} complete steps are damaged "
+        f"({sorted(skipped)})", directory, skipped)
+
+
+def _load_step(directory: str, step: int, config, overrides, reuse):
+    """(Runtime, params) of one checkpoint step; CheckpointCorruptError when it is damaged."""
+    from jaxrl_reason.checkpointing import Checkpointer
+    from jaxrl_reason.run_state import load_params
+    from jaxrl_reason.runtime import build_runtime
+    from jaxrl_reason.tokenizers import tokenizer_from_serialized
+
+    with Checkpointer(directory) as ckpt:
+        meta = ckpt.metadata(step)
     if config is None:
         stored = meta.get("config")
         if not stored:
@@ -362,11 +413,19 @@ def load_for_eval(path: str, config: ml_collections.ConfigDict | None = None,
     rt = reuse
     if rt is None or rt.tokenizer.serialized != tokenizer.serialized:
         rt = build_runtime(config, directory, tokenizer=tokenizer)
-    params, model_cfg, _, _ = load_params(directory, rt.mesh, rt.rules)
+    params, model_cfg, _, _ = load_params(directory, rt.mesh, rt.rules, step=step)
     if rt is reuse and model_cfg != rt.model_cfg:  # another architecture: its own runtime
         rt = build_runtime(config, directory, tokenizer=tokenizer)
-        params, _, _, _ = load_params(directory, rt.mesh, rt.rules)
-    return rt, params, directory
+        params, _, _, _ = load_params(directory, rt.mesh, rt.rules, step=step)
+    return rt, params
+
+
+def load_for_eval(path: str, config: ml_collections.ConfigDict | None = None,
+                  overrides: Mapping[str, Any] | None = None, reuse: Runtime | None = None):
+    """(Runtime, params, checkpoint directory) of `load_checkpoint` (which also says the
+    step used)."""
+    loaded = load_checkpoint(path, config, overrides, reuse)
+    return loaded.rt, loaded.params, loaded.directory
 
 
 # ----------------------------------------------------------------------------- compare

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import math
+import numbers
 import os
 from typing import Any
 
@@ -43,6 +44,25 @@ def _get(config, dotted: str, default: Any = None) -> Any:
     return node
 
 
+def non_finite_problems(node: Any, prefix: str = "config") -> list[str]:
+    """'config.<key> = <value>: must be a finite number' for every NaN or +-inf float in
+    `node` (a ConfigDict, dict, list or tuple, walked to any depth; ints and bools cannot
+    be non-finite). No config field takes inf as a setting, so none is exempt."""
+    problems: list[str] = []
+    stack = [(prefix, node)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, (ml_collections.ConfigDict, dict)):
+            items = value.items()
+            stack.extend((f"{where}.{k}", v) for k, v in reversed(list(items)))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        elif (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+              and not math.isfinite(value)):
+            problems.append(f"{where} = {value!r}: must be a finite number")
+    return problems
+
+
 def _positive_int(problems, config, key):
     value = _get(config, key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -56,9 +76,10 @@ def _in_range(problems, config, key, low, high, *, low_open=False, high_open=Fal
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         problems.append(f"{key}: must be a number, got {value!r}")
         return
-    bad_low = value <= low if low_open else value < low
-    bad_high = value >= high if high_open else value > high
-    if bad_low or bad_high:
+    # Written as "inside" so that NaN, which fails every comparison, is outside.
+    inside = ((low < value) if low_open else (low <= value)) and \
+        ((value < high) if high_open else (value <= high))
+    if not inside:
         lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
         problems.append(f"{key}: must be in {lo}{low}, {high}{hi}, got {value!r}")
 
@@ -113,7 +134,7 @@ def fits_devices(config: ml_collections.ConfigDict, num_devices: int) -> bool:
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list[str]:
     """All problems of a train/sft/eval config, as 'key: message' strings (empty if valid)."""
-    problems: list[str] = []
+    problems = non_finite_problems(config)  # first: NaN passes every range check below
     mesh_problems, dp = _mesh_problems(config, num_devices)
     problems += mesh_problems
 

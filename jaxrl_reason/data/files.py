@@ -14,8 +14,9 @@ mapping is a preset, optionally with renamed source fields:
                                             the solution; solution = the solution text;
                                             level/type are kept as other fields
 
-A malformed record (bad JSON, not an object, a missing or ill-typed field, no "####"
-answer, no boxed answer, non-UTF-8 text, a field the template needs) raises a ValueError
+A malformed record (bad JSON, NaN/Infinity, nesting deeper than 64 levels, an integer over
+Python's digit limit, not an object, a missing or ill-typed field, no "####" answer, no
+boxed answer, non-UTF-8 text or a lone surrogate escape, a field the template needs) raises a ValueError
 naming `file:line` (JSONL, 1-based) or `file:row N` (parquet, 0-based), or with
 `on_error="skip"` is left out and recorded in `source.skipped`. A source with no examples
 always raises.
@@ -41,6 +42,7 @@ OnError = Literal["raise", "skip"]
 
 _EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _PARQUET_BATCH_ROWS = 1024
+_MAX_DEPTH = 64  # nesting levels of a record's values (deeper lines are malformed)
 _CALCULATOR_NOTE = re.compile(r"<<[^<>\n]*>>")  # GSM8K `<<48/2=24>>`
 
 
@@ -239,25 +241,73 @@ def _file_format(path: str, fmt: str) -> str:
     return _EXTENSIONS[ext]
 
 
+def _reject_constant(name: str):
+    raise _Malformed(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
+
+
+def _parse_line(raw: bytes) -> Any:
+    """The JSON object of one JSONL line (bytes), or a _Malformed saying why not: not
+    UTF-8, bad JSON, NaN/Infinity, too deep for the parser, an integer over Python's
+    digit limit, not an object, or text the rest of the pipeline cannot encode."""
+    try:
+        record = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as e:
+        return _Malformed(f"not UTF-8 text ({e.reason})")
+    except json.JSONDecodeError as e:
+        return _Malformed(f"malformed JSON ({e.msg} at column {e.colno})")
+    except _Malformed as e:
+        return e
+    except RecursionError:
+        return _Malformed("JSON nested too deeply to parse")
+    except ValueError as e:  # an integer literal over sys.get_int_max_str_digits()
+        return _Malformed(f"unreadable JSON value ({e})")
+    if not isinstance(record, dict):
+        return _Malformed(f"expected a JSON object, got {type(record).__name__}")
+    return _check_values(record)
+
+
+def _check_values(record: dict) -> dict | _Malformed:
+    """`record`, or a _Malformed naming the first problem of its keys and values (to any
+    depth): nesting deeper than `_MAX_DEPTH`, or a string that is not valid Unicode (a
+    lone surrogate such as "\\ud800", which JSON escapes allow but UTF-8 cannot encode)."""
+    stack: list[tuple[str, Any, int]] = [("", record, 0)]
+    while stack:
+        where, value, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            top = re.split(r"[.\[]", where, maxsplit=1)[0]
+            return _Malformed(f"field {top!r} is nested more than {_MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                key = f"{where}.{k}" if where else str(k)
+                if not _encodable(k):
+                    return _Malformed(f"key {k!r} is not valid Unicode (lone surrogate)")
+                stack.append((key, v, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, str) and not _encodable(value):
+            return _Malformed(f"field {where!r} is not valid Unicode (a lone surrogate "
+                              f"escape such as \\ud800)")
+    return record
+
+
+def _encodable(text: Any) -> bool:
+    """Whether a str encodes as UTF-8 (no lone surrogates); non-strings are fine."""
+    if not isinstance(text, str):
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _jsonl_records(path: str) -> Iterator[tuple[str, int, Any]]:
     """(location, line number, record or _Malformed) per non-blank line."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(raw.decode("utf-8-sig"))
-            except UnicodeDecodeError as e:
-                record = _Malformed(f"not UTF-8 text ({e.reason})")
-            except json.JSONDecodeError as e:
-                record = _Malformed(f"malformed JSON ({e.msg} at column {e.colno})")
-            else:
-                if not isinstance(record, dict):
-                    record = _Malformed(
-                        f"expected a JSON object, got {type(record).__name__}"
-                    )
-            yield where, line_no, record
+            yield f"{path}:{line_no}", line_no, _parse_line(raw)
 
 
 def _import_pyarrow_parquet():
