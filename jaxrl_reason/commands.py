@@ -203,16 +203,20 @@ def _eval_data(fv, num_problems: int | None):
 
 def eval(fv) -> int:  # noqa: A001 (the command's name)
     overrides = _eval_overrides(fv)
-    rt, params, directory = eval_runner.load_for_eval(fv.checkpoint, fv.config, overrides)
+    loaded = eval_runner.load_checkpoint(fv.checkpoint, fv.config, overrides)
+    rt, params, directory = loaded.rt, loaded.params, loaded.directory
     config = rt.config
     sets = _eval_data(fv, fv.num_problems)
     report = eval_runner.evaluate(rt, params, sets, progress=config.log.progress_bar)
     table = eval_runner.comparison_table({os.path.basename(directory): report},
                                          config.eval.num_samples, show_std=True)
     out = fv.out or paths.join(directory, "eval.json")
-    _write_report(out, {"checkpoint": directory, "report": report, "table": table})
+    _write_report(out, {"checkpoint": directory, "step": loaded.step, "skipped_steps":
+                        {str(k): v for k, v in loaded.skipped.items()}, "report": report,
+                        "table": table})
     _say(f"{table}\n\nmean ± 95% t-interval (sd: standard deviation) over "
-         f"{len(config.eval.seeds)} sampling seeds {list(config.eval.seeds)}\nreport: {out}")
+         f"{len(config.eval.seeds)} sampling seeds {list(config.eval.seeds)}\ncheckpoint: "
+         f"{directory}, step {loaded.step}\nreport: {out}")
     return 0
 
 
