@@ -98,7 +98,8 @@ class LocalLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Takes the lock at once or raises WorkdirLocked naming the holder."""
+        """Takes the lock at once or raises WorkdirLocked naming the holder (a filesystem
+        that cannot flock gets a warning and no lock)."""
         import fcntl
         os.makedirs(self.workdir, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -107,7 +108,10 @@ class LocalLock:
         except OSError as e:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise OSError(f"cannot lock workdir {self.workdir!r} ({self.path}): {e}") from e
+                # A filesystem without flock (some FUSE mounts): run unguarded, say so.
+                _log.warning("workdir %s: cannot lock %s (%s); running without a workdir "
+                             "lock", self.workdir, self.path, e)
+                return
             with open(self.path, encoding="utf-8", errors="replace") as f:
                 raise WorkdirLocked(self.workdir, _parse(f.read())) from None
         os.ftruncate(fd, 0)

@@ -144,6 +144,20 @@ def test_lock_is_released_when_the_command_ends(tmp_path, capsys):
         pass
 
 
+def test_filesystem_without_flock_warns_and_runs_unlocked(tmp_path, monkeypatch, caplog):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with caplog.at_level("WARNING", logger="jaxrl_reason.workdir_lock"):
+        workdir_lock.acquire(str(tmp_path / "run"))
+    workdir_lock.release_all()
+    assert "running without a workdir lock" in caplog.text and "No locks" in caplog.text
+
+
 def test_only_process_zero_takes_the_lock(tmp_path, monkeypatch):
     from jaxrl_reason import distributed
     monkeypatch.setattr(distributed, "is_primary", lambda: False)
