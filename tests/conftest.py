@@ -1,5 +1,9 @@
 """Test setup: 8 fake CPU devices so sharding code runs as on a real mesh."""
 import os
+import sys
+
+# Shared helpers (cli_runs, numerics) import by name from every test directory.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")

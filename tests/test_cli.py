@@ -304,12 +304,14 @@ def test_checkpoint_dir_without_checkpoints(capsys, tmp_path):
     _fails(capsys, ["eval", "--checkpoint", str(tmp_path)], "no complete checkpoint")
 
 
-@pytest.mark.parametrize("argv", [["bogus"], []])
+@pytest.mark.parametrize("argv", [["bogus"], ["trian"], []])
 def test_unknown_or_missing_command(capsys, argv):
-    err = _fails(capsys, argv, "expected a command", code=2)
-    assert "jaxrl-reason train" in err  # usage is printed
+    err = _fails(capsys, argv, "usage: jaxrl-reason COMMAND", code=2)
+    assert "train " in err and "pipeline " in err  # the commands are listed
     if argv:
-        assert "bogus" in err
+        assert f"unknown command {argv[0]!r}" in err
+    if argv == ["trian"]:
+        assert "did you mean train?" in err
 
 
 def test_bad_config_argument(capsys, tmp_path):
