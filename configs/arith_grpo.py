@@ -193,5 +193,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True                # write tensorboard events under <workdir>/tb
+    c.log.wandb = False                     # also log to Weights & Biases ([wandb] extra)
+    c.log.wandb_project = "jaxrl-reason"    # the W&B project
+    c.log.wandb_entity = ""                 # team or user; "" = the account's default
+    c.log.wandb_name = ""                   # run name; "" = the workdir's basename
+    c.log.wandb_mode = "online"             # online | offline (local run dir; `wandb sync`)
+    c.log.wandb_dir = ""                    # local dir for wandb's files; "" = the workdir
     c.log.progress_bar = True               # tqdm-style bar per phase on the console
     return c

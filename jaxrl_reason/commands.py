@@ -63,8 +63,7 @@ def _prepare(fv):
     paths.as_path(workdir).mkdir(parents=True, exist_ok=True)
     rt = build_runtime(config, workdir)
     _check_before_compiling(rt, workdir)
-    writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
-                           enabled=distributed.is_primary())
+    writer = MetricsWriter.from_config(workdir, config, enabled=distributed.is_primary())
     if distributed.is_primary():
         paths.write_text_atomic(paths.join(workdir, "config.json"),
                                 config.to_json_best_effort(indent=1))
@@ -379,8 +378,7 @@ def reward_model(fv) -> int:
     model_cfg = model_cfg or rt.model_cfg
     _say(f"[reward-model] {model_cfg.num_params:,} params, {len(train_pairs)} training and "
          f"{len(held)} held-out pairs, {train_cfg.steps} steps; workdir {workdir}")
-    writer = MetricsWriter(workdir, tensorboard=config.log.tensorboard, console=False,
-                           enabled=distributed.is_primary())
+    writer = MetricsWriter.from_config(workdir, config, enabled=distributed.is_primary())
     t0 = time.time()
     try:
         params, history = rm.train_reward_model(

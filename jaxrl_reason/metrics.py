@@ -1,4 +1,5 @@
-"""Metric logging: a JSON-lines file, tensorboardX event files, and a one-line console summary.
+"""Metric logging: a JSON-lines file, tensorboardX event files, Weights & Biases (optional),
+and a one-line console summary.
 
     with MetricsWriter(workdir, enabled=jax.process_index() == 0) as writer:
         writer.write(step, {"loss": loss, "reward/mean": r}, phase="train")
@@ -9,19 +10,25 @@ Every `write` appends one JSON object to `<workdir>/metrics.jsonl`:
 
 Values are converted with `float()`. JSON has no NaN/Infinity, so non-finite values are
 written as `null` (the file stays valid JSON for any reader); `read_metrics` turns them back
-into `float("nan")`. The same scalars go to tensorboard under the tag "<phase>/<name>".
+into `float("nan")`. The same scalars go to tensorboard under the tag "<phase>/<name>", and
+with `config.log.wandb=True` (`pip install 'jaxrl-reason[wandb]'`) to a wandb run as
+"<phase>/<name>" against the x-axis "<phase>/step" (phases count their steps separately, and a
+resumed run logs its steps again, which wandb's single global step would drop).
 
 The workdir may be remote (gs://bucket/run or any `etils.epath` path): object stores have
 no appends, so the writer keeps the file's lines in memory and rewrites the object at most
 every `remote_flush_s` seconds and at `flush`, `truncate` and `close` (a killed process
 loses at most those seconds of lines, which a resumed run logs again). Multi-host: only
-process 0 writes (`enabled=jax.process_index() == 0`).
+process 0 writes (`enabled=jax.process_index() == 0`); the other processes never import wandb.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import secrets
+import string
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -30,10 +37,12 @@ import numpy as np
 
 from jaxrl_reason import paths
 
-__all__ = ["MetricsWriter", "format_line", "read_metrics"]
+__all__ = ["MetricsWriter", "WandbOptions", "format_line", "read_metrics", "wandb_options"]
 
 METRICS_FILENAME = "metrics.jsonl"
 TB_DIRNAME = "tb"
+WANDB_ID_FILENAME = "wandb_run_id"  # the run's wandb id, so that --resume continues that run
+WANDB_MODES = ("online", "offline", "disabled")
 _RESERVED = ("step", "phase", "time")
 
 
@@ -151,12 +160,107 @@ def format_line(step: int, scalars: Mapping[str, Any], keys: Sequence[str] | Non
     return " | ".join(parts)
 
 
+@dataclasses.dataclass(frozen=True)
+class WandbOptions:
+    """Where the wandb backend logs (from `config.log.wandb_*`; see `wandb_options`).
+
+    Fields:
+      project: the W&B project. entity: team or user ("" = the account's default).
+      name: the run's display name ("" = the workdir's basename).
+      mode: "online", "offline" (a local run directory; `wandb sync` uploads it later) or
+        "disabled".
+      dir: the local directory wandb writes `wandb/<run>/` into ("" = the workdir when it is
+        local, else wandb's default, ./wandb).
+      config: the run's configuration as a JSON-able dict (shown in the W&B UI), or None.
+    """
+    project: str = "jaxrl-reason"
+    entity: str = ""
+    name: str = ""
+    mode: str = "online"
+    dir: str = ""
+    config: Mapping[str, Any] | None = None
+
+    def __post_init__(self):
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"config.log.wandb_mode must be one of {', '.join(WANDB_MODES)}, "
+                             f"got {self.mode!r}")
+        if not isinstance(self.project, str) or not self.project:
+            raise ValueError(f"config.log.wandb_project must be a non-empty str, "
+                             f"got {self.project!r}")
+
+
+def wandb_options(config) -> WandbOptions | None:
+    """The wandb settings of a run config (an ml_collections ConfigDict with a `log` section),
+    or None when `config.log.wandb` is off or absent (configs saved by older versions)."""
+    log = config.log
+    if not log.get("wandb", False):
+        return None
+    try:
+        as_dict = json.loads(config.to_json_best_effort())
+    except (TypeError, ValueError):
+        as_dict = None
+    return WandbOptions(project=log.get("wandb_project", "jaxrl-reason"),
+                        entity=log.get("wandb_entity", ""), name=log.get("wandb_name", ""),
+                        mode=log.get("wandb_mode", "online"), dir=log.get("wandb_dir", ""),
+                        config=as_dict)
+
+
+def _import_wandb():
+    """The wandb module, or an ImportError that names the extra to install."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError("config.log.wandb=True needs the wandb package: "
+                          "pip install 'jaxrl-reason[wandb]' (or set "
+                          "--config.log.wandb=False)") from e
+    return wandb
+
+
+class _WandbRun:
+    """One wandb run of a workdir: each phase's scalars against its own "<phase>/step"."""
+
+    def __init__(self, workdir: str, options: WandbOptions):
+        wandb = _import_wandb()
+        id_path = paths.join(workdir, WANDB_ID_FILENAME)
+        run_id = paths.as_path(id_path).read_text().strip() \
+            if paths.as_path(id_path).exists() else ""
+        if not run_id:
+            alphabet = string.ascii_lowercase + string.digits  # wandb's own id alphabet
+            run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+            paths.write_text_atomic(id_path, run_id + "\n")
+        local_dir = paths.absolute(options.dir) or (None if paths.is_remote(workdir)
+                                                    else workdir)
+        if local_dir and paths.is_remote(local_dir):
+            raise ValueError(f"config.log.wandb_dir must be a local directory, got {local_dir!r}")
+        if local_dir:
+            os.makedirs(local_dir, exist_ok=True)
+        name = options.name or os.path.basename(os.path.normpath(workdir))
+        self.run = wandb.init(project=options.project, entity=options.entity or None,
+                              name=name, mode=options.mode, dir=local_dir, id=run_id,
+                              resume="allow", config=dict(options.config) if options.config else None)
+        self._phases: set[str] = set()
+
+    def log(self, phase: str, step: int, values: Mapping[str, float]) -> None:
+        if phase not in self._phases:
+            self.run.define_metric(f"{phase}/step")
+            self.run.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
+            self._phases.add(phase)
+        row = {f"{phase}/{name}": value for name, value in values.items()}
+        row[f"{phase}/step"] = step
+        self.run.log(row)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class MetricsWriter:
     """Writes scalars to `<workdir>/metrics.jsonl`, tensorboard (`<workdir>/tb`) and the console.
 
     Args:
       workdir: directory for the outputs; created if missing.
       tensorboard: also write tensorboardX event files under `<workdir>/tb`.
+      wandb: also log to a wandb run with these options (None: no wandb). The run's id is
+        kept in `<workdir>/wandb_run_id`, so a resumed run continues the same wandb run.
       console: print `format_line(...)` (prefixed with "[phase]") to stdout on each write.
         A caller that drives a tqdm bar passes False and uses `format_line` for the postfix.
       enabled: False makes every method a no-op and touches no file; pass
@@ -165,19 +269,25 @@ class MetricsWriter:
         metrics.jsonl.
     Raises:
       OSError: naming the path, when the directory or file cannot be created or written.
+      ImportError: `wandb` is given and the package is not installed (before any file is
+        written), naming the extra to install.
     """
 
     def __init__(self, workdir: str, *, tensorboard: bool = True, console: bool = True,
-                 enabled: bool = True, remote_flush_s: float = 30.0):
+                 enabled: bool = True, remote_flush_s: float = 30.0,
+                 wandb: WandbOptions | None = None):
         self.workdir = os.fspath(workdir)
         self.path = paths.join(self.workdir, METRICS_FILENAME)
         self.console = console
         self.enabled = enabled
         self._file: _LocalLines | _RemoteLines | None = None
         self._tb = None
+        self._wandb: _WandbRun | None = None
         self._closed = False
         if not enabled:
             return
+        if wandb is not None:
+            _import_wandb()  # a missing package fails here, before anything is written
         try:
             if paths.is_remote(self.workdir):
                 paths.as_path(self.workdir).mkdir(parents=True, exist_ok=True)
@@ -196,6 +306,22 @@ class MetricsWriter:
                 self._file.close()
                 raise OSError(f"MetricsWriter: cannot write tensorboard events to {tb_dir!r}: "
                               f"{e}") from e
+        if wandb is not None:
+            try:
+                self._wandb = _WandbRun(self.workdir, wandb)
+            except BaseException:
+                self._file.close()
+                if self._tb is not None:
+                    self._tb.close()
+                raise
+
+    @classmethod
+    def from_config(cls, workdir: str, config, *, console: bool = False,
+                    enabled: bool = True) -> "MetricsWriter":
+        """The writer a run config asks for: tensorboard from `config.log.tensorboard`,
+        wandb from `config.log.wandb*` (`wandb_options`)."""
+        return cls(workdir, tensorboard=config.log.tensorboard, console=console,
+                   enabled=enabled, wandb=wandb_options(config))
 
     # ------------------------------------------------------------------ writing
 
@@ -230,6 +356,8 @@ class MetricsWriter:
         if self._tb is not None:
             for name, value in values.items():
                 self._tb.add_scalar(f"{phase}/{name}", value, step)
+        if self._wandb is not None:
+            self._wandb.log(phase, step, values)
         line = format_line(step, values)
         if self.console:
             print(f"[{phase}] {line}", file=sys.stdout, flush=True)
@@ -238,7 +366,8 @@ class MetricsWriter:
     def truncate(self, phase: str, *, after_step: int) -> int:
         """Drops the records of `phase` with step > `after_step` from metrics.jsonl (a run
         resumed from a checkpoint at `after_step` logs those steps again). Returns how many
-        were dropped. The file is rewritten atomically (temp file + rename)."""
+        were dropped. The file is rewritten atomically (temp file + rename). Tensorboard and
+        wandb keep what they have; the steps logged again plot over it."""
         if not self.enabled or self._closed:
             return 0
         lines = self._file.read()
@@ -271,6 +400,8 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
     def __enter__(self) -> "MetricsWriter":
         return self

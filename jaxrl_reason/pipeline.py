@@ -390,8 +390,8 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: str, *, until: str 
             f"{stage.steps()} steps, model {rt.model_cfg.num_params:,} params, "
             f"workdir {stage.workdir}")
         t0 = time.time()
-        writer = MetricsWriter(stage.workdir, tensorboard=stage.config.log.tensorboard,
-                               console=False, enabled=distributed.is_primary())
+        writer = MetricsWriter.from_config(stage.workdir, stage.config,
+                                           enabled=distributed.is_primary())
         try:
             if distributed.is_primary():
                 paths.write_text_atomic(paths.join(stage.workdir, "config.json"),

@@ -1,14 +1,18 @@
-"""Tests for jaxrl_reason.metrics: jsonl round trip, tensorboard events, console, errors."""
+"""Tests for jaxrl_reason.metrics: jsonl round trip, tensorboard events, wandb (offline),
+console, errors."""
 import json
 import math
 import os
 import re
+import sys
+import time
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_reason.metrics import MetricsWriter, format_line, read_metrics
+from jaxrl_reason.metrics import (MetricsWriter, WandbOptions, format_line, read_metrics,
+                                  wandb_options)
 
 
 def test_round_trip_through_jsonl(tmp_path):
@@ -125,3 +129,132 @@ def test_read_metrics_errors(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\nnot json\n')
     with pytest.raises(ValueError, match=":2"):
         read_metrics(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- wandb
+
+
+def _wandb_records(path):
+    """The protobuf records of a wandb run file (`run-<id>.wandb`): a 7-byte header, then
+    LevelDB-log blocks of 32 KiB whose chunks (7-byte header: crc32, uint16 length, type
+    FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4) carry one serialized `Record` each."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", f"{path} is not a wandb run file"
+    records, pending, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0:  # zero padding
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def _wandb_history(run_dir, timeout_s=60.0):
+    """[{key: value}] of the history rows and the run record of one offline run directory.
+    wandb's service process may still be writing the file when `finish()` returns: this
+    waits for the run's exit record."""
+    (run_file,) = [os.path.join(run_dir, f) for f in os.listdir(run_dir) if f.endswith(".wandb")]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _wandb_records(run_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, f"{run_file}: no exit record after {timeout_s} s"
+        time.sleep(0.1)
+    rows, run = [], None
+    for record in records:
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+        elif kind == "run":
+            run = record.run
+    return rows, run
+
+
+@pytest.fixture
+def wandb_home(tmp_path, monkeypatch):
+    """wandb's settings, cache and data dirs inside tmp_path; offline, quiet."""
+    pytest.importorskip("wandb", reason="the [wandb] extra (in [dev]) is not installed")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # belt and braces: nothing leaves the machine
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    return tmp_path
+
+
+def test_wandb_offline_run_holds_the_scalars(wandb_home):
+    workdir = wandb_home / "run"
+    options = WandbOptions(project="jaxrl-test", mode="offline", config={"rl": {"beta": 0.04}})
+    with MetricsWriter(str(workdir), console=False, tensorboard=False, wandb=options) as writer:
+        writer.write(0, {"loss": 1.5, "reward/mean": np.float32(0.25)})
+        writer.write(1, {"loss": jnp.asarray(0.5), "kl": float("nan")})
+        writer.write(0, {"pass@1": 0.4}, phase="eval")
+    run_id = (workdir / "wandb_run_id").read_text().strip()
+    (run_dir,) = (workdir / "wandb").glob(f"offline-run-*-{run_id}")
+    rows, run = _wandb_history(run_dir)
+    scalars = [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
+    assert scalars[0] == {"train/step": 0, "train/loss": 1.5, "train/reward/mean": 0.25}
+    assert scalars[1]["train/step"] == 1 and scalars[1]["train/loss"] == 0.5
+    assert scalars[1]["train/kl"] in ("NaN", None) or math.isnan(scalars[1]["train/kl"])
+    assert scalars[2] == {"eval/step": 0, "eval/pass@1": 0.4}
+    assert run.run_id == run_id and run.project == "jaxrl-test" and run.display_name == "run"
+    assert "beta" in run.config.SerializeToString().decode("utf-8", "replace")
+    # metrics.jsonl is written as before.
+    assert [r["phase"] for r in read_metrics(str(workdir))] == ["train", "train", "eval"]
+
+
+def test_wandb_resumed_run_continues_the_same_run(wandb_home):
+    workdir = wandb_home / "run"
+    options = WandbOptions(project="jaxrl-test", mode="offline", name="first")
+    for step in (0, 1):  # a run, then its resumption (which logs its own steps)
+        with MetricsWriter(str(workdir), console=False, tensorboard=False,
+                           wandb=options) as writer:
+            writer.write(step, {"loss": float(step)})
+    run_id = (workdir / "wandb_run_id").read_text().strip()
+    # Each start writes an offline-run directory ("-1" appended within one second) of the
+    # same run id; `wandb sync` uploads both into that run.
+    run_dirs = sorted((workdir / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 2 and all(_wandb_history(d)[1].run_id == run_id for d in run_dirs)
+    steps = [row["train/step"] for d in run_dirs for row in _wandb_history(d)[0]]
+    assert sorted(steps) == [0, 1]
+
+
+def test_wandb_missing_package_fails_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    workdir = tmp_path / "run"
+    with pytest.raises(ImportError, match=r"pip install 'jaxrl-reason\[wandb\]'"):
+        MetricsWriter(str(workdir), console=False, wandb=WandbOptions(mode="offline"))
+    assert not workdir.exists()
+    # Only process 0 logs: the others never import wandb.
+    MetricsWriter(str(workdir), enabled=False, wandb=WandbOptions(mode="offline")).close()
+    assert not workdir.exists()
+
+
+def test_wandb_options_from_config():
+    from cli_runs import ARITH, load_config
+
+    config = load_config(ARITH)
+    assert wandb_options(config) is None  # off by default
+    config.log.wandb, config.log.wandb_mode, config.log.wandb_project = True, "offline", "p"
+    options = wandb_options(config)
+    assert (options.mode, options.project, options.name, options.dir) == ("offline", "p", "", "")
+    assert options.config["log"]["wandb_mode"] == "offline"  # the run's config goes along
+    config.log.wandb_mode = "online-ish"
+    with pytest.raises(ValueError, match="config.log.wandb_mode must be one of"):
+        wandb_options(config)
+    with pytest.raises(ValueError, match="config.log.wandb_project"):
+        WandbOptions(project="")
