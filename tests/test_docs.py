@@ -1,0 +1,190 @@
+"""The README and docs/: the results table is the one its JSON gives, the README stays a front
+door (at most 300 lines), and every relative link resolves to a file."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "results_table.py"
+README = ROOT / "README.md"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("results_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rt = _load_script()
+
+
+def _summary(mean: float, ci: float) -> dict:
+    return {"mean": mean, "std": ci / 2, "ci95": ci, "values": [mean]}
+
+
+def _eval_json(k: int = 4) -> dict:
+    """An eval.json shaped like the one `jaxrl-reason train` writes (commands.train)."""
+    def report(p1: float, length: float) -> dict:
+        metrics = {"pass@1": _summary(p1, 0.02), f"maj@{k}": _summary(p1 + 0.05, 0.031),
+                   f"pass@{k}": _summary(p1 + 0.2, 0.04), "mean_length": _summary(length, 0.55)}
+        return {"sets": {"levels 1-3 (held-out)": metrics},
+                "curves": {}, "config": {"num_samples": k, "seeds": [0, 1], "temperature": 1.0}}
+    return {"reports": {"sft": report(0.5, 48.94), "rl": report(0.6234, 40.0)},
+            "timings": {"sft_s": 100.4, "eval_before_s": 10.0, "rl_s": 200.0,
+                        "eval_after_s": 11.0, "total_s": 330.0}}
+
+
+def _run(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, text=True,
+                          capture_output=True, check=False)
+
+
+def test_render_block_rows_and_caption():
+    block = rt.render_block(_eval_json(k=8), "runs/x/eval.json")
+    lines = block.splitlines()
+    assert lines[0].startswith("Produced by `jaxrl-reason train --config "
+                               "configs/arith_grpo.py` (seed 0); the numbers are in "
+                               "`runs/x/eval.json`. 8 samples per problem at temperature 1.0;"
+                               " mean ± 95% t-interval over 2 sampling seeds.")
+    assert lines[1] == ("Wall time 5.5 min (SFT 100 s, evaluation before 10 s, RL 200 s, "
+                        "evaluation after 11 s).")
+    assert "| checkpoint: eval set | pass@1 (%) | maj@8 (%) | pass@8 (%) | mean length " \
+           "(tokens) |" in lines
+    assert "| SFT: levels 1-3 (held-out) | 50.0 ± 2.0 | 55.0 ± 3.1 | 70.0 ± 4.0 | " \
+           "48.9 ± 0.6 |" in lines
+    assert "| RL: levels 1-3 (held-out) | 62.3 ± 2.0 | 67.3 ± 3.1 | 82.3 ± 4.0 | " \
+           "40.0 ± 0.6 |" in lines
+
+
+def test_missing_metric_names_its_place():
+    data = _eval_json()
+    del data["reports"]["rl"]["sets"]["levels 1-3 (held-out)"]["maj@4"]
+    with pytest.raises(rt.ResultsError, match=r"reports\.rl\.sets\.levels 1-3 \(held-out\).*"
+                                              r"'maj@4'"):
+        rt.render_block(data, "e.json")
+
+
+def test_mixed_sample_counts_refused():
+    data = _eval_json()
+    data["reports"]["rl"]["config"]["num_samples"] = 8
+    with pytest.raises(rt.ResultsError, match="different numbers of samples"):
+        rt.render_block(data, "e.json")
+
+
+def test_eval_json_of_another_command_refused(tmp_path):
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"checkpoint": "runs/a", "report": {}}))
+    result = _run(str(path))
+    assert result.returncode == 2
+    assert "missing key 'reports'" in result.stderr and str(path) in result.stderr
+
+
+def test_readme_table_is_the_one_its_json_gives():
+    """The committed README's block names its JSON; re-rendering it from that JSON must give
+    the block back byte for byte."""
+    match = re.search(r"the numbers are in `([^`]+)`", README.read_text())
+    assert match, "README's results block does not name its JSON"
+    result = _run(match.group(1), "--check", "README.md")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_catches_an_edited_number_and_write_repairs_it(tmp_path):
+    eval_path = tmp_path / "eval.json"
+    eval_path.write_text(json.dumps(_eval_json()))
+    doc = tmp_path / "README.md"
+    doc.write_text(f"# t\n\n{rt.BEGIN}\nold\n{rt.END}\n\ntail\n")
+    assert _run(str(eval_path), "--check", str(doc)).returncode == 1
+    assert _run(str(eval_path), "--write", str(doc)).returncode == 0
+    assert _run(str(eval_path), "--check", str(doc)).returncode == 0
+    text = doc.read_text()
+    assert text.startswith(f"# t\n\n{rt.BEGIN}\n") and text.endswith(f"{rt.END}\n\ntail\n")
+    edited = text.replace("62.3 ± 2.0", "62.4 ± 2.0")
+    assert edited != text
+    doc.write_text(edited)
+    result = _run(str(eval_path), "--check", str(doc))
+    assert result.returncode == 1
+    assert "62.3 ± 2.0" in result.stderr and "--write" in result.stderr
+    # A changed JSON is caught too.
+    changed = copy.deepcopy(_eval_json())
+    changed["reports"]["sft"]["sets"]["levels 1-3 (held-out)"]["pass@1"]["mean"] = 0.51
+    eval_path.write_text(json.dumps(changed))
+    doc.write_text(text)
+    assert _run(str(eval_path), "--check", str(doc)).returncode == 1
+
+
+def test_missing_markers_are_reported(tmp_path):
+    eval_path = tmp_path / "eval.json"
+    eval_path.write_text(json.dumps(_eval_json()))
+    doc = tmp_path / "doc.md"
+    doc.write_text("# no table here\n")
+    result = _run(str(eval_path), "--check", str(doc))
+    assert result.returncode == 2 and rt.BEGIN in result.stderr and str(doc) in result.stderr
+
+
+def test_readme_is_a_front_door():
+    assert len(README.read_text().splitlines()) <= 300
+
+
+def _markdown_files() -> list[pathlib.Path]:
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a markdown text's headings (lower case, punctuation dropped,
+    spaces to hyphens), outside code blocks."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize("doc", _markdown_files(), ids=lambda p: p.name)
+def test_relative_links_resolve(doc):
+    """Every [text](target) that is not a URL names an existing file, and its #anchor (if
+    any) a heading of that file."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        name, _, anchor = target.partition("#")
+        path = (doc.parent / name).resolve() if name else doc
+        if not path.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path.read_text()):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{doc.relative_to(ROOT)}: broken links: {broken}"
+
+
+@pytest.mark.parametrize("doc", _markdown_files(), ids=lambda p: p.name)
+def test_no_clock_times_dates_or_issue_numbers(doc):
+    text = doc.read_text()
+    patterns = {"a clock time": r"\b[0-2]\d:[0-5]\d\b", "a date": r"\b20\d\d-\d\d-\d\d\b",
+                "an issue number": r"\b[Ii]ssue[- ]\d+", "'the day before'": r"day before"}
+    found = {what: re.findall(p, text) for what, p in patterns.items()}
+    assert not any(found.values()), f"{doc.name}: {found}"
+
+
+def test_api_doc_imports_resolve():
+    """Every `from jaxrl_reason... import ...` line of docs/api.md imports, so a moved
+    module or a renamed function shows up here rather than in a user's traceback."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    lines = [line.split("#")[0].strip() for block in re.findall(r"```python\n(.*?)```", text,
+                                                                flags=re.S)
+             for line in block.splitlines() if line.startswith("from jaxrl_reason")]
+    assert len(lines) >= 10
+    failures = []
+    for line in lines:
+        try:
+            exec(line, {})  # noqa: S102 (the doc's own import lines)
+        except ImportError as e:
+            failures.append(f"{line}: {e}")
+    assert not failures, "docs/api.md names imports that fail:\n" + "\n".join(failures)
