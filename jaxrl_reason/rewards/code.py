@@ -1,51 +1,26 @@
 r"""Python code answers: extraction, a sandboxed runner, and the `code` reward.
 
-`run_sandboxed` runs untrusted code in a child `python -I -S -B -X utf8` (sys.executable)
-whose cwd, HOME and TMPDIR is a fresh temporary directory (removed afterwards), with only
-those three environment variables, in its own session; its whole process group is SIGKILLed
-when the run ends for any reason. Before the user code, a bootstrap (`_BOOTSTRAP`):
+`run_sandboxed` runs untrusted code in `python -I -S -B -X utf8 _code_harness.py` inside the
+OS sandbox of `isolation.py` (bubblewrap: a fresh unprivileged uid with no capabilities and
+`no_new_privs` when the trainer is root, else an unprivileged user namespace; new pid,
+network, ipc and mount namespaces; a read-only view of /usr and the Python installation; a
+private writable /tmp as cwd, HOME and TMPDIR; rlimits on address space, CPU, file size,
+open files and, with a dedicated uid, processes). The code can do anything Python allows inside
+that view: nothing it does reaches the trainer's files, processes or network, and every
+process it starts dies when the run ends (its pid namespace is torn down). The solution file
+is the only file of the run the sandbox can read; expected outputs and test files never
+enter it.
 
-1. unshares a network namespace (CLONE_NEWNET; os.unshare on 3.12+, else libc via ctypes,
-   which is then unloaded): only a down loopback, so no network even for C extensions.
-   Skipped silently when not permitted (it needs root/CAP_SYS_ADMIN; it works here).
-2. when the parent runs as root (as here): drops to uid/gid `nobody` keeping only
-   CAP_DAC_READ_SEARCH (to read the interpreter under /root, mode 0700), empties the
-   capability bounding set and sets no_new_privs. The kernel then forbids writing outside
-   the temp dir (chowned to nobody) and world-writable dirs, signalling root processes,
-   mknod, raising hard rlimits, and enforces RLIMIT_NPROC.
-3. sets rlimits: RLIMIT_AS `memory_bytes`, RLIMIT_CPU `cpu_s` (SIGXCPU, hard 1 s later),
-   RLIMIT_FSIZE `file_bytes`, RLIMIT_NOFILE `open_files`, RLIMIT_CORE 0, and RLIMIT_NPROC
-   `max_processes` only with step 2 (root is exempt from it, and for the trainer's own uid
-   it would count the trainer's threads).
-4. replaces functions that have no audit event with stubs that count as blocked:
-   `_posixsubprocess.fork_exec`, `os.mknod`, `os.chroot`, `os.unshare`, `os.setns`.
-5. installs a `sys.addaudithook` hook that raises PermissionError, and makes the run
-   "blocked" even if the code catches it, on:
-   - every `socket.*` event (creation, connect, bind, getaddrinfo, ...) and `ctypes.*`;
-   - `os.fork`, `os.forkpty`, `os.posix_spawn`, `os.spawn`, `os.exec`, `os.system`,
-     `subprocess.Popen`, `os.kill`, `os.killpg`, `signal.pthread_kill`,
-     `resource.setrlimit`, `resource.prlimit`, `fcntl.ioctl`, `os.link`, `os.symlink`,
-     `webbrowser.open`, sqlite extension loading, and `import` (including
-     `_imp.create_dynamic`) of ctypes, _ctypes, _posixsubprocess, _testcapi and
-     _testinternalcapi;
-   - `open` (builtin/io/os.open/open_code) for writing (mode w/a/x/+ or write, create,
-     truncate or append flags) unless the realpath is inside the temp dir or /dev/null,
-     relative-path writes through os.open (its dir_fd is not audited), more than
-     `_MAX_WRITE_OPENS` write opens; for reading unless inside the temp dir, the
-     interpreter's sys.path (the stdlib: site-packages is not on it under -S) or
-     /dev/{null,zero,urandom,random}. Integer fds are allowed;
-   - `os.listdir`, `os.scandir`, `os.chdir` outside those read roots; `os.mkdir`,
-     `os.remove`, `os.rmdir`, `os.rename`, `os.truncate`, `os.chmod`, `os.chown`,
-     `os.utime`, `os.setxattr`, `os.removexattr` outside the temp dir or with a dir_fd;
-     `sqlite3.connect` to a database outside the temp dir.
+Verdicts are the parent's: for stdin/stdout tests the parent compares the captured stdout
+with the expected output; assert tests (`assert f(x) == 3`) are converted by the parent
+(`_judge.parse_assert_tests`) into the call `f(x)` and the expected value `3` (a literal,
+read with `ast.literal_eval`); the sandbox returns the call's value as tagged plain data and
+the parent compares it with `==` on fresh builtin objects (never an object of the code's).
 
-The user code then runs as `__main__` (with `exit`/`quit`, which -S leaves undefined).
-
-Caveats: PEP 578 hooks are not a security boundary; code that corrupts memory (a CPython
-crash bug turned exploit) gets past them and then holds nobody's rights plus
-CAP_DAC_READ_SEARCH (reads any file), or full root where step 2 is unavailable. There is
-no PID or mount namespace. For adversarial use at scale, also run the verifier under
-gVisor/nsjail or in a throwaway container.
+Where the sandbox cannot run (no bubblewrap, no user namespaces), code rewards refuse to run
+(RuntimeError) unless `allow_unsandboxed_unsafe=True` (config:
+`rewards.options.code.allow_unsandboxed_unsafe`), which runs the code as the trainer's own
+user with only rlimits, with a warning.
 """
 from __future__ import annotations
 
@@ -53,9 +28,7 @@ import dataclasses
 import json
 import math
 import os
-import pwd
 import re
-import secrets
 import select
 import shutil
 import signal
@@ -63,14 +36,15 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from jaxrl_reason.rewards import _judge, isolation
 from jaxrl_reason.rewards.base import RewardResult, register_reward
 
 MAX_CODE_CHARS = 100_000  # longer code scores 0 ("too_long") without running
-_MAX_WRITE_OPENS = 64  # file creations/write opens per run (bounds disk use with FSIZE)
 _STDERR_TAIL = 4096
 
 # ----------------------------------------------------------------------------- extraction
@@ -121,16 +95,14 @@ class SandboxLimits:
     """Limits of one sandboxed run (see the module docstring for how each is enforced).
 
     Attributes:
-      wall_s: wall-clock seconds, process start included, before the group is killed.
+      wall_s: wall-clock seconds, process start included, before the sandbox is killed.
       cpu_s: CPU seconds (RLIMIT_CPU, rounded up to whole seconds).
       memory_bytes: address space (RLIMIT_AS).
       output_bytes: stdout cap; more kills the run ("output_limit").
       file_bytes: largest file the code may write (RLIMIT_FSIZE).
       open_files: RLIMIT_NOFILE.
-      max_processes: RLIMIT_NPROC of the `nobody` uid (all its tasks, threads included, in
-        every concurrent sandbox); None for no limit. Only set when running as nobody.
-      run_as_nobody: drop to `nobody` when running as root.
-      network_namespace: unshare a fresh network namespace when permitted.
+      max_processes: RLIMIT_NPROC of the sandbox's own uid (its tasks, threads included);
+        None for no limit. Only set when the trainer is root (a dedicated uid per run).
     """
 
     wall_s: float = 4.0
@@ -139,9 +111,35 @@ class SandboxLimits:
     output_bytes: int = 64 * 2**10
     file_bytes: int = 16 * 2**20
     open_files: int = 64
-    max_processes: int | None = 512
-    run_as_nobody: bool = True
-    network_namespace: bool = True
+    max_processes: int | None = 128
+
+
+_NUMERIC_LIMITS = ("wall_s", "cpu_s", "memory_bytes", "output_bytes", "file_bytes",
+                   "open_files", "max_processes")
+
+
+def tighten(base: SandboxLimits, overrides: Mapping[str, Any] | None,
+            where: str = "example['limits']") -> SandboxLimits:
+    """`base` with the `overrides` that make it stricter (a smaller number; a process limit
+    where `base` has none); looser or unknown values are ignored, so data cannot weaken the
+    sandbox. ValueError (naming `where`) for a field that does not exist or a non-number."""
+    if not overrides:
+        return base
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"code: {where} must be a mapping, got {type(overrides).__name__}")
+    changes = {}
+    for name, value in overrides.items():
+        if name not in _NUMERIC_LIMITS:
+            raise ValueError(f"code: {where} has unknown or non-tightenable field {name!r} "
+                             f"(allowed: {', '.join(_NUMERIC_LIMITS)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value <= 0:
+            raise ValueError(f"code: {where}[{name!r}] must be a positive finite number, "
+                             f"got {value!r}")
+        current = getattr(base, name)
+        if current is None or value < current:
+            changes[name] = type(current)(value) if current is not None else int(value)
+    return dataclasses.replace(base, **changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,175 +148,53 @@ class SandboxResult:
 
     Attributes:
       status: "ok" (exit 0), "error" (nonzero exit or killed by a signal), "timeout",
-        "memory", "output_limit", "syntax_error", or "blocked": the audit hook or a stub
-        fired, which wins over everything else (the code may have caught the error).
+        "memory", "output_limit" or "syntax_error".
       stdout: decoded stdout (UTF-8, invalid bytes replaced), at most output_bytes.
       stderr_tail: the last few KiB of stderr.
       wall_s: wall time of the run, process start included.
+      results: with `calls`: the sandbox's list of `["ok", data] | ["raise", name]` (to
+        decode with `_judge`), or None when it sent none (or garbage).
     """
 
     status: str
     stdout: str
     stderr_tail: str
     wall_s: float
+    results: list | None = None
 
 
-# The child program (`python -c`; argv[1] is a JSON config). It reports on the status pipe:
-# "blocked <event>", "memory", "syntax_error" and, after assert tests ran, "done <nonce>".
-_BOOTSTRAP = r"""
-import json, os, sys
-def _main():
-    cfg = json.loads(sys.argv.pop(1))
-    def report(msg):
-        try:
-            os.write(cfg["status_fd"], (msg + "\n").encode())
-        except OSError:
-            pass
-    libc_netns = cfg["netns"] and not hasattr(os, "unshare")
-    if libc_netns or cfg["uid"]:
-        try:
-            import ctypes
-            libc, u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_uint32
-            if libc_netns:
-                libc.unshare(0x40000000)  # CLONE_NEWNET
-            if cfg["uid"]:
-                for cap in set(range(64)) - {2}:  # keep CAP_DAC_READ_SEARCH (2) only
-                    libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-                libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
-                os.setgroups([]); os.setgid(cfg["uid"][1]); os.setuid(cfg["uid"][0])
-                libc.capset((u32 * 2)(0x20080522, 0), (u32 * 6)(4, 4, 0, 0, 0, 0))
-                libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-        except Exception:
-            pass
-        for m in [m for m in sys.modules if m.startswith(("ctypes", "_ctypes"))]:
-            del sys.modules[m]
-    elif cfg["netns"]:
-        try:
-            os.unshare(os.CLONE_NEWNET)
-        except OSError:
-            pass
-    import _posixsubprocess, builtins, resource, types
-    for name, soft, hard in cfg["rlimits"]:
-        res, cur = getattr(resource, name), resource.getrlimit(getattr(resource, name))[1]
-        hard = hard if cur == resource.RLIM_INFINITY else min(hard, cur)
-        resource.setrlimit(res, (min(soft, hard), hard))
-    state = {"fired": False, "writes": 0}
-    def blocked(what, *_):
-        if not state["fired"]:
-            state["fired"] = True
-            report("blocked " + what)
-        raise PermissionError("sandbox: " + what + " is not allowed")
-    _posixsubprocess.fork_exec = lambda *a: blocked("_posixsubprocess.fork_exec")
-    for mod in (os, sys.modules["posix"]):
-        for name in ("mknod", "chroot", "unshare", "setns"):
-            if hasattr(mod, name):
-                setattr(mod, name, lambda *a, _n="os." + name, **k: blocked(_n))
-    real, max_writes, tmp = os.path.realpath, cfg["max_writes"], os.path.realpath(cfg["tmp"])
-    reads = [tmp] + [real(p) for p in sys.path if p]
-    read_files = {"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"}
-    def inside(p, roots):
-        p = real(os.fsdecode(os.fspath(p)))
-        return p in roots or any(p.startswith(r + os.sep) for r in roots)
-    def may_read(p):
-        return isinstance(p, int) or inside(p, read_files) or inside(p, reads)
-    def may_modify(p, allow_fd=False):
-        return allow_fd if isinstance(p, int) else inside(p, [tmp])
-    WFLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    def check_open(path, mode, flags):
-        if isinstance(path, int):
-            return True
-        if not (any(c in mode for c in "wax+") if isinstance(mode, str) else flags & WFLAGS):
-            return may_read(path)
-        if inside(path, ["/dev/null"]):
-            return True
-        if mode is None and not os.path.isabs(os.fsdecode(os.fspath(path))):
-            return False  # os.open's dir_fd is not audited
-        state["writes"] += 1
-        return state["writes"] <= max_writes and may_modify(path)
-    # event -> (indices of path arguments, indices of dir_fd arguments)
-    MODIFY = {"os.mkdir": ((0,), (2,)), "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
-              "os.rename": ((0, 1), (2, 3)), "os.truncate": ((0,), ()),
-              "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.utime": ((0,), (3,)),
-              "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ())}
-    DENY = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
-            "os.startfile", "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill",
-            "resource.setrlimit", "resource.prlimit", "os.link", "os.symlink", "fcntl.ioctl",
-            "webbrowser.open", "sqlite3.enable_load_extension", "sqlite3.load_extension"}
-    DENY_IMPORTS = {"ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi"}
-    def allowed(event, args):
-        if event in DENY or event.startswith(("socket.", "ctypes.")):
-            return False
-        if event == "open":
-            return check_open(*args[:3])
-        if event == "import":
-            return args[0] not in DENY_IMPORTS
-        if event in ("os.listdir", "os.scandir", "os.chdir"):
-            return may_read("." if args[0] is None else args[0])
-        if event in MODIFY:
-            paths, dir_fds = MODIFY[event]
-            return all(args[i] in (None, -1) for i in dir_fds) and all(
-                may_modify(args[i], event == "os.truncate") for i in paths)
-        if event == "sqlite3.connect":
-            db = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes)) else "file:"
-            return db in ("", ":memory:") or (not db.startswith("file:") and may_modify(db))
+_HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_harness.py")
+_WARNED: set[str] = set()
+
+
+def sandbox_ready(allow_unsandboxed_unsafe: bool = False) -> bool:
+    """Whether runs are isolated; RuntimeError when they cannot be and the caller has not
+    opted in to running code unsandboxed (then a warning, once)."""
+    if isolation.available():
         return True
-    def hook(event, args):  # no reentrancy flag: one would be racy across threads
-        try:
-            ok = allowed(event, args)
-        except Exception:
-            ok = False
-        if not ok:
-            blocked(event + repr(tuple(args)[:2])[:160])
-    def read(name):
-        with open(os.path.join(tmp, name), encoding="utf-8") as f:
-            return f.read()
-    try:
-        code = compile(read("solution.py"), "solution.py", "exec")
-        tests = compile(read("tests.py"), "tests.py", "exec") if cfg["tests"] else None
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as e:
-        report("syntax_error")
-        print(f"{type(e).__name__}: {e}", file=sys.stderr)
-        os._exit(1)
-    done = "done " + cfg.pop("nonce")
-    builtins.exit = builtins.quit = sys.exit  # -S leaves them undefined
-    sys.argv[:] = ["solution.py"]
-    main = sys.modules["__main__"] = types.ModuleType("__main__")
-    sys.addaudithook(hook)
-    try:
-        try:
-            exec(code, main.__dict__)
-        except SystemExit:
-            if tests is None:
-                raise
-        if tests is not None:
-            exec(tests, main.__dict__)
-            sys.stdout.flush()
-            report(done)
-    except MemoryError:
-        report("memory")
-        raise
-_main()
-"""
+    if not allow_unsandboxed_unsafe:
+        raise RuntimeError(
+            "code reward: the OS sandbox is unavailable (install bubblewrap: "
+            "`apt-get install -y bubblewrap`; user namespaces must be enabled). Refusing to run "
+            "model code. To run it anyway as your own user with only rlimits, set "
+            "rewards.options.code.allow_unsandboxed_unsafe=True")
+    if "unsafe" not in _WARNED:
+        _WARNED.add("unsafe")
+        warnings.warn("code reward: running model code WITHOUT a sandboxed process "
+                      "(allow_unsandboxed_unsafe=True)", RuntimeWarning)
+    return False
 
 
-def _nobody(limits: SandboxLimits) -> list[int] | None:
-    """[uid, gid] of `nobody` to drop to (only as root), or None."""
-    try:
-        entry = pwd.getpwnam("nobody")
-    except KeyError:
-        return None
-    return [entry.pw_uid, entry.pw_gid] if limits.run_as_nobody and os.geteuid() == 0 else None
-
-
-def _rlimits(limits: SandboxLimits, nobody: bool) -> list[tuple[str, int, int]]:
+def _command(solution_dir: str, cfg: dict, limits: SandboxLimits, isolated: bool,
+             info_fd: int) -> list[str]:
     cpu = max(1, math.ceil(limits.cpu_s))
-    out = [("RLIMIT_AS", limits.memory_bytes, limits.memory_bytes),
-           ("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_CORE", 0, 0),
-           ("RLIMIT_FSIZE", limits.file_bytes, limits.file_bytes),
-           ("RLIMIT_NOFILE", limits.open_files, limits.open_files)]
-    if nobody and limits.max_processes is not None:
-        out.append(("RLIMIT_NPROC", limits.max_processes, limits.max_processes))
-    return out
+    rlimits = isolation.rlimit_args(limits.memory_bytes, cpu, limits.file_bytes,
+                                    limits.open_files, limits.max_processes)
+    argv = [sys.executable, "-I", "-S", "-B", "-X", "utf8", _HARNESS, json.dumps(cfg)]
+    if isolated:
+        return isolation.sandbox_command(argv, files=[solution_dir, _HARNESS], rlimits=rlimits,
+                                         info_fd=info_fd)
+    return (["prlimit", *rlimits, "--"] if shutil.which("prlimit") else []) + argv
 
 
 def _wait_unreaped(pid: int, deadline: float) -> bool:
@@ -339,69 +215,90 @@ def _wait_unreaped(pid: int, deadline: float) -> bool:
 
 
 def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = None, *,
-                  tests: str | None = None) -> SandboxResult:
+                  calls: list[str] | None = None,
+                  allow_unsandboxed_unsafe: bool = False) -> SandboxResult:
     """Run Python `code` in the sandbox described in the module docstring.
 
-    `stdin` is the program's standard input (read from a file, so feeding it never blocks).
-    With `tests` (Python source such as asserts), they run after `code` in the same
-    `__main__` namespace, and "ok" also requires that they ran to the end (a SystemExit
-    raised by `code` does not skip them; os._exit does, which gives "error"). The process
-    group is killed at `limits.wall_s` (counted from the call) or once stdout exceeds
-    `limits.output_bytes`. Nothing the code does makes this raise; host failures (no temp
-    dir, cannot spawn) raise OSError.
+    `stdin` is the program's standard input (fed from an unlinked file, so it never blocks).
+    With `calls` (Python expression sources), they are evaluated after `code` in its
+    `__main__` namespace (a SystemExit of `code` does not skip them) and their values come
+    back in `results`. The sandbox is killed at `limits.wall_s` (counted from the call) or
+    once stdout exceeds `limits.output_bytes`. Nothing the code does makes this raise; host
+    failures (no temp dir, cannot spawn) raise OSError; RuntimeError when the sandbox is
+    unavailable and `allow_unsandboxed_unsafe` is False.
     """
     limits = limits or SandboxLimits()
+    isolated = sandbox_ready(allow_unsandboxed_unsafe)
     start = time.monotonic()
-    nonce, nobody = secrets.token_hex(16), _nobody(limits)
     tmp = tempfile.mkdtemp(prefix="jaxrl_code_")
     status_r, status_w = os.pipe()
+    info_r, info_w = os.pipe()
     try:
-        for name, text in (("solution.py", code), ("input.txt", stdin), ("tests.py", tests)):
-            if text is not None:
-                with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                    f.write(text)
-        if nobody is not None:
-            os.chown(tmp, *nobody)
-        cfg = {"status_fd": status_w, "tmp": tmp, "nonce": nonce, "tests": tests is not None,
-               "rlimits": _rlimits(limits, nobody is not None), "uid": nobody,
-               "netns": limits.network_namespace, "max_writes": _MAX_WRITE_OPENS}
-        with open(os.path.join(tmp, "input.txt"), "rb") as stdin_file:
+        os.chmod(tmp, 0o755)
+        solution = os.path.join(tmp, "solution.py")
+        with open(solution, "w", encoding="utf-8") as f:
+            f.write(code)
+        os.chmod(solution, 0o644)
+        cfg = {"status_fd": status_w, "solution": solution, "calls": calls}
+        with tempfile.TemporaryFile() as stdin_file:
+            stdin_file.write(stdin.encode("utf-8", "replace"))
+            stdin_file.seek(0)
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP,
-                 json.dumps(cfg)],
-                stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=tmp, env={"HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"},
-                pass_fds=(status_w,), start_new_session=True)
-        os.close(status_w)
-        status_w = -1
+                _command(tmp, cfg, limits, isolated, info_w), stdin=stdin_file,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd="/" if isolated else tmp,
+                env=isolation.sandbox_env() if isolated else {
+                    "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"},
+                pass_fds=(status_w, info_w), start_new_session=True)
+        for fd in (status_w, info_w):
+            os.close(fd)
+        status_w = info_w = -1
         try:
             deadline = start + limits.wall_s
-            killed, out, err, status = _collect(proc, status_r, deadline, limits.output_bytes)
+            status_cap = limits.output_bytes + 2**16
+            killed, out, err, status = _collect(proc, status_r, deadline, limits.output_bytes,
+                                                status_cap)
             if killed is None and not _wait_unreaped(proc.pid, deadline):
                 killed = "timeout"
         finally:  # the leader is not reaped yet, so its pgid cannot have been reused
+            os.set_blocking(info_r, False)
+            try:
+                info = os.read(info_r, 4096)
+            except OSError:
+                info = b""
+            if isolated:
+                isolation.kill_sandbox(proc, isolation.sandbox_pid(info))
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-        os.set_blocking(status_r, False)
-        try:  # what the status pipe still holds after a kill
-            status += os.read(status_r, 65536)
-        except OSError:
-            pass
     finally:
-        for fd in (status_r, status_w):
+        for fd in (status_r, status_w, info_r, info_w):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(tmp, ignore_errors=True)
     stderr = err[-_STDERR_TAIL:].decode("utf-8", "replace")
-    return SandboxResult(_status(killed, proc.returncode, status, nonce, tests, stderr),
-                         out.decode("utf-8", "replace"), stderr, time.monotonic() - start)
+    lines = status.decode("utf-8", "replace").splitlines()
+    return SandboxResult(_status(killed, proc.returncode, lines, stderr),
+                         out.decode("utf-8", "replace"), stderr, time.monotonic() - start,
+                         _results(lines) if calls is not None else None)
 
 
-def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int
-             ) -> tuple[str | None, bytes, bytes, bytes]:
+def _results(lines: list[str]) -> list | None:
+    """The last `result <json>` status line's list, or None."""
+    for line in reversed(lines):
+        if line.startswith("result "):
+            try:
+                data = json.loads(line[len("result "):])
+            except ValueError:
+                return None
+            return data if isinstance(data, list) else None
+    return None
+
+
+def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int,
+             status_cap: int) -> tuple[str | None, bytes, bytes, bytes]:
     """Read stdout (capped), stderr (tail) and the status pipe until EOF on all or a limit:
     (kill reason or None, stdout, stderr, status)."""
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
@@ -427,8 +324,8 @@ def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int
             buf += chunk
             if fd == err_fd and len(buf) > 2 * _STDERR_TAIL:
                 del buf[:-_STDERR_TAIL]
-            elif fd == status_fd and len(buf) > 4096:
-                del buf[4096:]
+            elif fd == status_fd and len(buf) > status_cap:
+                del buf[status_cap:]
         if len(bufs[out_fd]) > cap:
             killed = "output_limit"
             del bufs[out_fd][cap:]
@@ -438,22 +335,18 @@ def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int
     return killed, bytes(bufs[out_fd]), bytes(bufs[err_fd]), bytes(bufs[status_fd])
 
 
-def _status(killed: str | None, returncode: int, status: bytes, nonce: str,
-            tests: str | None, stderr: str) -> str:
-    lines = status.decode("utf-8", "replace").splitlines()
-    if any(line.startswith("blocked ") for line in lines):
-        return "blocked"  # even when the code caught the exception and went on
+def _status(killed: str | None, returncode: int, lines: list[str], stderr: str) -> str:
     if killed is not None:
         return killed
-    if returncode == -signal.SIGXCPU:
+    # bwrap reports a child killed by signal N as exit status 128 + N
+    signum = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    if signum == signal.SIGXCPU:
         return "timeout"
-    if "memory" in lines or (returncode < 0 and "MemoryError" in stderr):
+    if "memory" in lines or "MemoryError" in stderr:
         return "memory"
     if "syntax_error" in lines:
         return "syntax_error"
-    if returncode != 0 or (tests is not None and f"done {nonce}" not in lines):
-        return "error"
-    return "ok"
+    return "ok" if returncode == 0 else "error"
 
 
 # ----------------------------------------------------------------------------------- reward
@@ -461,8 +354,9 @@ def _status(killed: str | None, returncode: int, status: bytes, nonce: str,
 DEFAULT_LIMITS = SandboxLimits()
 
 
-def _parse_tests(raw: Any) -> list[tuple[str, str | None]]:
-    """[(stdin, expected stdout)] or [(assert source, None)]; ValueError if malformed/empty."""
+def _parse_tests(raw: Any) -> list[tuple[Any, str | None]]:
+    """[(stdin, expected stdout)] or [(list of `_judge.Check`, None)] for assert programs;
+    ValueError if malformed, empty, or an assert form that cannot be judged by the parent."""
     if isinstance(raw, (str, bytes)):
         try:
             raw = json.loads(raw)
@@ -477,9 +371,9 @@ def _parse_tests(raw: Any) -> list[tuple[str, str | None]]:
         return "\n".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
     out = []
-    for item in raw:
+    for n, item in enumerate(raw):
         if isinstance(item, str):
-            out.append((item, None))
+            out.append((_judge.parse_assert_tests(item, f"example['tests'][{n}]"), None))
         elif isinstance(item, Mapping) and "input" in item and "output" in item:
             out.append((text(item["input"]), text(item["output"])))
         else:
@@ -493,31 +387,36 @@ def _normalize(s: str) -> str:
 
 @register_reward("code")
 def code_reward(completion: str, example: Mapping[str, Any], *,
-                limits: SandboxLimits | Mapping[str, Any] | None = None) -> RewardResult:
+                limits: SandboxLimits | Mapping[str, Any] | None = None,
+                allow_unsandboxed_unsafe: bool = False) -> RewardResult:
     """Fraction of `example["tests"]` that the completion's code passes.
 
     `example["tests"]` is a list (or its JSON string, or APPS-style {"inputs", "outputs"})
-    of {"input": str, "output": str} stdin/stdout cases (outputs compared after stripping
-    trailing whitespace of each line and of the whole) and/or str Python sources (asserts)
-    run after the solution in the same program (pass = they ran to the end, exit 0). Each
-    test is one sandboxed run, sequentially. After the first timeout, syntax error or
-    blocked run the remaining tests count as failed without running, so a call takes at
-    most about (number of tests) x wall_s, and one wall_s when the code hangs.
+    of {"input": str, "output": str} stdin/stdout cases (outputs compared by the parent after
+    stripping trailing whitespace of each line and of the whole) and/or str programs of
+    asserts (`assert f(1) == 2`, `assert f(1)`, `assert not f(1)`; see `_judge`), whose calls
+    are evaluated in the sandbox after the solution and compared by the parent with the
+    expected literals (pass = every call returned plain data equal to its expected value).
+    Each test is one sandboxed run, sequentially. After the first timeout or syntax error the
+    remaining tests count as failed without running, so a call takes at most about (number
+    of tests) x wall_s, and one wall_s when the code hangs.
 
-    `limits` (keyword; a SandboxLimits or a mapping of field overrides, also taken from an
-    optional `example["limits"]` mapping) defaults to DEFAULT_LIMITS; a stdin/stdout case's
-    output cap is raised to twice its expected output plus 4 KiB. Reason: None when all
-    pass, else that of the first failure: "no_code", "too_long", "wrong_output", "error",
-    "timeout", "memory", "output_limit", "blocked", "syntax_error". Raises ValueError only
-    when the example has no usable tests (missing, empty or malformed: a data bug).
+    `limits` (keyword, from the trusted config; a SandboxLimits or a mapping of field
+    overrides) defaults to DEFAULT_LIMITS; an optional `example["limits"]` mapping can only
+    tighten them (`tighten`). A stdin/stdout case's output cap is raised to twice its
+    expected output plus 4 KiB. `allow_unsandboxed_unsafe`: see `sandbox_ready`. Reason: None
+    when all pass, else that of the first failure: "no_code", "too_long", "wrong_output",
+    "error", "timeout", "memory", "output_limit", "syntax_error". Raises ValueError only
+    when the example has no usable tests (missing, empty or malformed: a data bug) or
+    its limits are malformed; RuntimeError when the sandbox is unavailable (see above).
     """
     if "tests" not in example:
         raise ValueError(f"code: example has no 'tests' key (keys: {sorted(example)})")
     tests = _parse_tests(example["tests"])
     base = limits if isinstance(limits, SandboxLimits) else DEFAULT_LIMITS
-    for overrides in (limits, example.get("limits")):
-        if isinstance(overrides, Mapping):
-            base = dataclasses.replace(base, **overrides)
+    if isinstance(limits, Mapping):
+        base = dataclasses.replace(base, **limits)
+    base = tighten(base, example.get("limits"))
     code = extract_code(completion)
     if code is None:
         return RewardResult(0.0, "no_code")
@@ -526,17 +425,20 @@ def code_reward(completion: str, example: Mapping[str, Any], *,
     passed, reason = 0, None
     for source, expected in tests:
         if expected is None:
-            res = run_sandboxed(code, "", base, tests=source)
-            kind = None if res.status == "ok" else res.status
+            res = run_sandboxed(code, "", base, calls=[c.call for c in source],
+                                allow_unsandboxed_unsafe=allow_unsandboxed_unsafe)
+            kind = res.status if res.status != "ok" else (
+                None if _judge.passes(res.results, source) else "wrong_output")
         else:
             cap = max(base.output_bytes, 2 * len(expected.encode()) + 4096)
-            res = run_sandboxed(code, source, dataclasses.replace(base, output_bytes=cap))
+            res = run_sandboxed(code, source, dataclasses.replace(base, output_bytes=cap),
+                                allow_unsandboxed_unsafe=allow_unsandboxed_unsafe)
             kind = res.status if res.status != "ok" else (
                 None if _normalize(res.stdout) == _normalize(expected) else "wrong_output")
         if kind is None:
             passed += 1
             continue
         reason = reason or kind
-        if kind in ("timeout", "syntax_error", "blocked"):
+        if kind in ("timeout", "syntax_error"):
             break
     return RewardResult(passed / len(tests), reason)

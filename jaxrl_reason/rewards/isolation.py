@@ -13,7 +13,8 @@
 - an empty environment (`PATH` only);
 - rlimits applied by `prlimit` before the program starts (address space, CPU, file size,
   open files, no core dumps, and processes when a dedicated uid is used);
-- as root: the uid/gid `nobody` with no supplementary groups, an empty capability bounding
+- as root: a fresh uid/gid drawn from `UID_BASE + [0, UID_COUNT)` per sandbox (no passwd
+  entry, owns no file), no supplementary groups, an empty capability bounding
   set, no inheritable/ambient capabilities and `no_new_privs` (`setpriv`), so it owns no file
   and may signal no other process; not as root: an unprivileged user namespace with every
   capability dropped (`--cap-drop ALL`), `no_new_privs` (bwrap sets it) and no nested user
@@ -26,14 +27,19 @@ the namespaces, the uid and the missing capabilities are the boundary.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import secrets
 import shutil
 import site
 import subprocess
 import sys
 from collections.abc import Sequence
 
-NOBODY = 65534
+# As root, each sandbox runs as its own uid from this range (no passwd entry, owns no file):
+# RLIMIT_NPROC then bounds that sandbox alone, and no two sandboxes can signal each other.
+UID_BASE = 1 << 20
+UID_COUNT = 1 << 20
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -92,7 +98,7 @@ def _bind_args(sources: Sequence[str]) -> list[str]:
 def rlimit_args(memory_bytes: int, cpu_s: int, file_bytes: int, open_files: int,
                 processes: int | None) -> list[str]:
     """`prlimit` options (soft = hard) for the wrapped program; `processes` only applies
-    with a dedicated uid (root gets `nobody`): it counts every task of that uid."""
+    with a dedicated uid (as root): it counts every task (threads too) of the sandbox."""
     out = [f"--as={memory_bytes}", f"--cpu={cpu_s}:{cpu_s + 1}", f"--fsize={file_bytes}",
            f"--nofile={open_files}", "--core=0"]
     if processes is not None and os.geteuid() == 0:
@@ -101,16 +107,21 @@ def rlimit_args(memory_bytes: int, cpu_s: int, file_bytes: int, open_files: int,
 
 
 def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
-                    rlimits: Sequence[str] = (), chdir: str = "/tmp") -> list[str]:
+                    rlimits: Sequence[str] = (), chdir: str = "/tmp",
+                    info_fd: int | None = None) -> list[str]:
     """`argv` wrapped in bwrap + prlimit (+ setpriv as root), as described in the module
     docstring. `files`: absolute paths (files or directories) bound read-only at their own
-    path; `rlimits`: `prlimit` options (see `rlimit_args`). Start it with `sandbox_env()`."""
+    path; `rlimits`: `prlimit` options (see `rlimit_args`); `info_fd`: a descriptor (passed
+    to the child) on which bwrap writes `{"child-pid": N}`, for `kill_sandbox`. Start it with
+    `sandbox_env()`."""
     for f in files:
         if not os.path.isabs(f):
             raise ValueError(f"isolation: bind path must be absolute, got {f!r}")
     root = os.geteuid() == 0
     cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if info_fd is not None:
+        cmd += ["--info-fd", str(info_fd)]
     if not root:
         cmd += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     cmd += ["--ro-bind", "/usr", "/usr"]
@@ -119,12 +130,46 @@ def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
             cmd += ["--symlink", os.readlink("/" + link), "/" + link]
         elif os.path.isdir("/" + link):
             cmd += ["--ro-bind", "/" + link, "/" + link]
+    # /tmp first: binds of host paths under /tmp then land on top of the private tmpfs
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
     cmd += _bind_args([*_python_roots(), *files])
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", chdir,
-            "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "LANG", "C.UTF-8",
+    cmd += ["--chdir", chdir, "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "LANG", "C.UTF-8",
             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--"]
     cmd += ["prlimit", *rlimits, "--"]
     if root:
-        cmd += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        uid = UID_BASE + secrets.randbelow(UID_COUNT)
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return cmd + list(argv)
+
+
+def sandbox_pid(info: bytes) -> int | None:
+    """The sandbox's init pid (as seen from here) from what bwrap wrote on its info fd."""
+    try:
+        pid = json.loads(info.decode("utf-8", "replace")).get("child-pid")
+    except (ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 1 else None
+
+
+def kill_sandbox(proc: subprocess.Popen, init_pid: int | None, timeout_s: float = 10.0) -> None:
+    """End a sandbox and everything in it, returning once all of it is gone.
+
+    SIGKILL to the sandbox's pid-namespace init makes the kernel kill every process in the
+    namespace, and that init exits only after they all have; bwrap (`proc`, not reaped yet
+    here, so `init_pid` cannot have been reused while it lives) then exits and is reaped.
+    """
+    try:
+        alive = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        alive = False
+    if alive and init_pid is not None:
+        try:
+            os.kill(init_pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -3,15 +3,17 @@
 Every sandboxed run starts a Python process (~50 ms); the limits below keep the timeouts
 short so the whole file runs in a few seconds.
 """
+import ast
 import json
 import os
+import tempfile
 import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrl_reason.rewards import get_reward
+from jaxrl_reason.rewards import get_reward, isolation
 from jaxrl_reason.rewards.code import (
     SandboxLimits,
     code_reward,
@@ -19,7 +21,8 @@ from jaxrl_reason.rewards.code import (
     run_sandboxed,
 )
 
-FAST = SandboxLimits(wall_s=1.0, cpu_s=1.0, memory_bytes=256 * 2**20, output_bytes=4096)
+FAST = SandboxLimits(wall_s=1.0, cpu_s=1.0, memory_bytes=256 * 2**20, output_bytes=4096,
+                     max_processes=64)
 SLACK_S = 1.5  # a killed run returns within its wall limit plus this
 
 
@@ -32,16 +35,28 @@ def fenced(code):
 
 
 def sandbox_processes():
-    """Pids of live processes whose command line names a sandbox temp dir."""
+    """Pids of live processes that run as a sandbox uid (`isolation.UID_BASE` and up)."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"jaxrl_code_" in f.read():
-                    pids.append(int(pid))
-        except OSError:
-            pass
+            with open(f"/proc/{pid}/status") as f:
+                uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT:
+            pids.append(int(pid))
     return pids
+
+
+def no_sandbox_processes(within_s=2.0):
+    """Whether every sandbox process is gone within `within_s` (a killed pid namespace is
+    torn down by the kernel asynchronously)."""
+    deadline = time.monotonic() + within_s
+    while sandbox_processes():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -87,11 +102,13 @@ def test_extract_code_never_raises(text):
 
 
 def test_trivial_run_is_fast_and_cleans_up():
-    res = run("import os\nprint(os.getcwd())")
-    assert res.status == "ok"
+    before = set(os.listdir(tempfile.gettempdir()))
+    res = run("import os\nd = os.listdir('.')\nprint(os.getcwd(), len(d), os.listdir(d[0]))")
+    # a private /tmp holding only the read-only directory of the solution file
+    assert (res.status, res.stdout) == ("ok", "/tmp 1 ['solution.py']\n")
     assert res.wall_s < 1.0
-    tmp = res.stdout.strip()
-    assert "jaxrl_code_" in tmp and not os.path.exists(tmp)
+    assert not [d for d in set(os.listdir(tempfile.gettempdir())) - before
+                if d.startswith("jaxrl_code_")]
 
 
 def test_stdin_and_exit_builtin():
@@ -117,7 +134,7 @@ def test_timeout_is_bounded(code):
     res = run(code)
     assert res.status == "timeout"
     assert time.monotonic() - t0 < FAST.wall_s + SLACK_S
-    assert sandbox_processes() == []
+    assert no_sandbox_processes()
 
 
 def test_output_limit_is_bounded():
@@ -131,48 +148,45 @@ def test_output_limit_is_bounded():
 @pytest.mark.parametrize("code", [
     "import os\nwhile True:\n    os.fork()",
     "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-    "import subprocess\nsubprocess.run(['sleep', '100'])",
+    "import subprocess\nsubprocess.Popen(['sleep', '100'])",
     "import os\nos.system('sleep 100 &')",
-    "import os\nos.posix_spawn('/bin/sleep', ['sleep', '100'], {})",
+    "import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(100)",
     "import multiprocessing\nmultiprocessing.Process(target=print).start()",
-    "import _imp, importlib.util\n"
-    "_imp.create_dynamic(importlib.util.find_spec('_posixsubprocess'))",
 ])
-def test_process_creation_is_blocked_and_nothing_survives(code):
+def test_processes_die_with_the_run(code):
     res = run(code)
-    assert res.status == "blocked", res
     assert res.wall_s < FAST.wall_s + SLACK_S
-    assert sandbox_processes() == []
+    assert no_sandbox_processes()
 
 
 def test_fork_bomb_reward_is_zero():
     out = code_reward(fenced("import os\nwhile True:\n    os.fork()"),
-                      {"tests": [{"input": "", "output": ""}]}, limits=FAST)
-    assert (out.score, out.reason) == (0.0, "blocked")
+                      {"tests": [{"input": "", "output": "x"}]}, limits=FAST)
+    assert out.score == 0.0
+    assert no_sandbox_processes()
 
 
-def test_file_access_outside_tmp_is_blocked(tmp_path):
+def test_host_files_are_invisible_and_unwritable(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("s3cret")
     target = tmp_path / "written.txt"
     for code in [
-        "print(open('/etc/passwd').read())",
         f"print(open({str(secret)!r}).read())",
+        "print(open('/etc/shadow').read())",
         "print(open('../' * 8 + 'etc/passwd').read())",
-        "import os\nprint(os.listdir('/'))",
         f"open({str(target)!r}, 'w').write('x')",
-        f"import os\nos.close(os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT))",
-        "open('../escape.txt', 'w').write('x')",
         f"import os\nos.remove({str(secret)!r})",
-        "import os\nos.link('/etc/passwd', 'p')",
-        "import os\nos.symlink('/etc/passwd', 'p')",
         "import os\nfd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
         "os.open('zz_sandbox_test.py', os.O_WRONLY | os.O_CREAT, dir_fd=fd)",
     ]:
         res = run(code)
-        assert res.status == "blocked", (code, res)
+        assert res.status == "error", (code, res)
         assert "s3cret" not in res.stdout
-    assert not target.exists() and secret.exists()
+    assert not target.exists() and secret.read_text() == "s3cret"
+    listing = run("import os\nprint(sorted(os.listdir('/root')), os.path.exists('/etc'))")
+    assert listing.stdout.split()[-1] == "False"  # no /etc at all; /root holds at most the
+    assert set(ast.literal_eval(listing.stdout.rsplit(" ", 1)[0])) <= {".pyenv"}  # Python
+    assert not os.path.exists(os.path.join(os.path.dirname(os.__file__), "zz_sandbox_test.py"))
 
 
 def test_files_inside_tmp_and_stdlib_work():
@@ -186,41 +200,23 @@ def test_files_inside_tmp_and_stdlib_work():
 
 
 @pytest.mark.parametrize("code", [
-    "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 22))",
-    "import socket\nsocket.create_connection(('127.0.0.1', 80), timeout=1)",
-    "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:1', timeout=1)",
-    "import ctypes",
-    "import os\nos.kill(1, 0)",
+    "import os\nos.kill(1, 9)",
+    "import os\nos.kill(os.getppid(), 9)",
     "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
+    "import os\nos.setuid(0)",
+    "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
 ])
-def test_network_signals_and_escapes_are_blocked(code):
-    assert run(code).status == "blocked"
+def test_privileged_calls_fail(code):
+    assert run(code).status == "error"
 
 
-def test_hook_fires_even_if_caught():
-    res = run("try:\n    open('/etc/passwd')\nexcept OSError:\n    pass\nprint('ok')")
-    assert res.status == "blocked"
-
-
-def test_hook_holds_across_threads():
-    res = run(
-        "import os, threading\nhits = []\n"
-        "def spam():\n    for _ in range(2000):\n        try:\n"
-        "            hits.append(open('/etc/passwd').read(4))\n"
-        "        except OSError:\n            pass\n"
-        "t = threading.Thread(target=spam)\nt.start()\n"
-        "for _ in range(2000):\n    os.listdir('.')\nt.join()\nprint(len(hits))"
-    )
-    assert (res.status, res.stdout) == ("blocked", "0\n")
-
-
-def test_asserts_run_after_solution_and_cannot_be_skipped():
+def test_calls_return_plain_values():
     add = "def add(a, b):\n    return a + b\n"
-    assert run(add, tests="assert add(1, 2) == 3").status == "ok"
-    assert run(add, tests="assert add(1, 2) == 4").status == "error"
-    # Exiting early does not skip the tests.
-    assert run(add + "import sys\nsys.exit(0)", tests="assert add(1, 2) == 4").status == "error"
-    assert run(add + "import os\nos._exit(0)", tests="assert add(1, 2) == 3").status == "error"
+    res = run(add + "import sys\nsys.exit(0)", calls=["add(1, 2)", "add('a', 'b')", "1/0"])
+    assert res.status == "ok"
+    assert res.results == [["ok", {"t": "int", "v": "3"}], ["ok", {"t": "atom", "v": "ab"}],
+                           ["raise", "ZeroDivisionError"]]
+    assert run(add + "import os\nos._exit(0)", calls=["add(1, 2)"]).results is None
 
 
 # ------------------------------------------------------------------------------- reward
@@ -257,7 +253,7 @@ def test_partial_and_wrong():
     wrong_on_5 = "a, b = map(int, input().split())\nprint(a + b if a != 5 else 0)"
     assert reward(wrong_on_5, STDIO) == (pytest.approx(2 / 3), "wrong_output")
     add_wrong_below_0 = "def add(a, b):\n    return a * b if a < 0 else a + b"
-    assert reward(add_wrong_below_0, ASSERTS) == (pytest.approx(2 / 3), "error")
+    assert reward(add_wrong_below_0, ASSERTS) == (pytest.approx(2 / 3), "wrong_output")
     assert reward("print('nope')", STDIO) == (0.0, "wrong_output")
 
 
@@ -266,7 +262,7 @@ def test_reward_failure_reasons():
     assert reward("def f(:", STDIO) == (0.0, "syntax_error")
     assert reward("raise ValueError", STDIO) == (0.0, "error")
     assert reward("x = 1\n" * 20_000, STDIO) == (0.0, "too_long")
-    assert reward("print(open('/etc/passwd').read())", STDIO) == (0.0, "blocked")
+    assert reward("print(open('/etc/passwd').read())", STDIO) == (0.0, "error")
 
 
 def test_timeout_stops_early():
