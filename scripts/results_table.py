@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -117,6 +118,23 @@ def caption_lines(data: Mapping, json_path: str, command: str, seed: int) -> lis
     return lines
 
 
+def run_seed(json_path: str, given: int | None) -> int:
+    """The training seed the caption states: `given` (--seed), else `seed` of the run's
+    config.json beside the JSON (what `jaxrl-reason train` writes), else 0 (the configs'
+    default). A --seed that contradicts config.json is an error."""
+    config_path = os.path.join(os.path.dirname(os.path.abspath(json_path)), "config.json")
+    stored = None
+    if os.path.isfile(config_path):
+        try:
+            with open(config_path) as f:
+                stored = json.load(f).get("seed")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            raise ResultsError(f"{config_path}: cannot read the run's seed: {e}") from None
+    if given is not None and stored is not None and int(stored) != given:
+        raise ResultsError(f"--seed {given} contradicts seed {stored} in {config_path}")
+    return given if given is not None else int(stored) if stored is not None else 0
+
+
 def render_block(data: Mapping, json_path: str, command: str = DEFAULT_COMMAND,
                  seed: int = 0) -> str:
     """The text between the markers (no markers), ending in a newline."""
@@ -159,11 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "markers differs from what the JSON gives")
     parser.add_argument("--command", default=DEFAULT_COMMAND,
                         help="the command that wrote the JSON, as the caption states it")
-    parser.add_argument("--seed", type=int, default=0, help="the run's config.seed")
+    parser.add_argument("--seed", type=int, default=None, help="the run's config.seed "
+                        "(default: from config.json beside the JSON, else 0)")
     args = parser.parse_args(argv)
     try:
         block = render_block(load_eval(args.eval_json), args.eval_json, args.command,
-                             args.seed)
+                             run_seed(args.eval_json, args.seed))
         if not (args.write or args.check):
             sys.stdout.write(block)
             return 0

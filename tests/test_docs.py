@@ -122,6 +122,19 @@ def test_check_catches_an_edited_number_and_write_repairs_it(tmp_path):
     assert _run(str(eval_path), "--check", str(doc)).returncode == 1
 
 
+def test_seed_comes_from_the_runs_config(tmp_path):
+    eval_path = tmp_path / "eval.json"
+    eval_path.write_text(json.dumps(_eval_json()))
+    assert rt.run_seed(str(eval_path), None) == 0
+    assert rt.run_seed(str(eval_path), 5) == 5
+    (tmp_path / "config.json").write_text(json.dumps({"name": "arith_grpo", "seed": 3}))
+    assert rt.run_seed(str(eval_path), None) == 3
+    result = _run(str(eval_path))
+    assert result.returncode == 0 and "(seed 3)" in result.stdout
+    result = _run(str(eval_path), "--seed", "4")
+    assert result.returncode == 2 and "contradicts seed 3" in result.stderr
+
+
 def test_missing_markers_are_reported(tmp_path):
     eval_path = tmp_path / "eval.json"
     eval_path.write_text(json.dumps(_eval_json()))
