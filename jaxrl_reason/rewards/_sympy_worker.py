@@ -295,7 +295,7 @@ def _reply(line: bytes | None, job: int) -> dict | None:
     except ValueError:
         return None
     if not isinstance(reply, dict) or set(reply) != {"id", "r"} or reply["id"] != job or \
-            reply["r"] not in (True, False, None):
+            not any(reply["r"] is v for v in (True, False, None)):
         return None
     return reply
 
@@ -312,8 +312,10 @@ class _Worker:
             from jaxrl_reason.rewards import isolation  # parent side only
 
             limits = isolation.rlimit_args(_MEMORY_BYTES, 3600, 2**20, 64, 512)
+            # Not --die-with-parent: a worker outlives the pool thread that started it; it
+            # ends on stdin EOF, and its pid namespace with it.
             argv = isolation.sandbox_command(argv + ["--own-pid-ns"], files=files,
-                                             rlimits=limits)
+                                             rlimits=limits, die_with_parent=False)
             env = isolation.sandbox_env()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env)

@@ -3,7 +3,7 @@
 `sandbox_command(argv, ...)` wraps a command line so that it runs under bubblewrap
 (`bwrap`, Debian package `bubblewrap`) in:
 
-- new pid, network, ipc, uts and mount namespaces (`--die-with-parent`, `--new-session`):
+- new pid, network, ipc, uts and mount namespaces (`--new-session`, `--die-with-parent`):
   the process sees no other process (it cannot signal or `pidfd_open` its parent), has only
   a down loopback, and everything it starts dies with it;
 - a mount namespace holding only read-only binds of `/usr` (and the `/lib*`, `/bin`
@@ -108,18 +108,22 @@ def rlimit_args(memory_bytes: int, cpu_s: int, file_bytes: int, open_files: int,
 
 def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
                     rlimits: Sequence[str] = (), chdir: str = "/tmp",
-                    info_fd: int | None = None) -> list[str]:
+                    info_fd: int | None = None, die_with_parent: bool = True) -> list[str]:
     """`argv` wrapped in bwrap + prlimit (+ setpriv as root), as described in the module
     docstring. `files`: absolute paths (files or directories) bound read-only at their own
     path; `rlimits`: `prlimit` options (see `rlimit_args`); `info_fd`: a descriptor (passed
     to the child) on which bwrap writes `{"child-pid": N}`, for `kill_sandbox`. Start it with
-    `sandbox_env()`."""
+    `sandbox_env()`. `die_with_parent=False` for a long-lived sandbox started from a thread
+    that may exit first (the kernel's parent-death signal follows the creating thread): it
+    must then end itself when its stdin closes."""
     for f in files:
         if not os.path.isabs(f):
             raise ValueError(f"isolation: bind path must be absolute, got {f!r}")
     root = os.geteuid() == 0
     cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-           "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+           "--unshare-cgroup-try", "--new-session"]
+    if die_with_parent:
+        cmd.append("--die-with-parent")
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
     if not root:

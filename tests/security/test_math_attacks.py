@@ -1,0 +1,168 @@
+"""Hostile answers against the math verifier: evaluation, forged and leaked verdicts.
+
+Before: `parse_expr` evaluated sympy calls such as `sympify(...)` in the answer (and in the
+gold answer), which re-parsed assembled strings with builtins and reached `exec`; the
+worker's verdict was a `{"r": ...}` line on the stdout the payload shared, so a payload could
+forge its own verdict and queue verdicts for later jobs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jaxrl_reason.rewards import _sympy_tree, _sympy_worker, isolation
+from jaxrl_reason.rewards._sympy_worker import SympyPool
+from jaxrl_reason.rewards.math import is_equivalent
+
+# Names-and-parentheses answers that the old parser evaluated as sympy calls.
+CALLS = ["sympify(7)", "S(7)", "srepr(x)", "sstr(x)", "latex(x)", "Tuple(7)",
+         "IndexedBase(x)", "exec(x)", "eval(x)", "lambdify(x, x)", "parse_expr(x)",
+         "Lambda(x, 7)", "Function(x)", "Symbol(x)", "N(7)", "nsimplify(7)"]
+
+
+@pytest.mark.parametrize("text", CALLS)
+def test_tree_builder_admits_no_other_callable(text):
+    """A name outside the table is letters (`sympify` -> s*y*m*p*i*f*y), never a call."""
+    try:
+        value = _sympy_tree.build(text)
+    except _sympy_tree.Rejected:
+        return
+    assert value.free_symbols and "(" not in str(value), value  # a product of letters
+
+
+@pytest.mark.parametrize("text", [
+    "x.__class__", "().__class__", "'os'", "x[0]", "lambda: 1", "x if y else z", "f(x=1)",
+    "__import__", "a; b", "[x for x in y]", "(10**9999)**9999", "9**9**9**9", "(10**400)!",
+])
+def test_tree_builder_rejects_syntax_outside_the_grammar(text):
+    with pytest.raises(_sympy_tree.Rejected):
+        _sympy_tree.build(text)
+
+
+def test_tree_builder_limits_size_and_depth():
+    with pytest.raises(_sympy_tree.Rejected):
+        _sympy_tree.build("(" * 200 + "x" + ")" * 200)
+    with pytest.raises(_sympy_tree.Rejected):
+        _sympy_tree.build("+".join(["x"] * 3000))
+    assert str(_sympy_tree.build("2 x + 1")) == "2*x + 1"
+
+
+@pytest.mark.parametrize("payload", ["sympify(7)", "S(7)", "Tuple(7)", "N(7)"])
+def test_payloads_are_not_evaluated_in_prediction_or_gold(payload):
+    # Evaluated, each of these equals 7; as text outside the grammar it proves nothing.
+    assert not is_equivalent(f"\\boxed{{{payload}}}", "7")
+    assert not is_equivalent("7", payload)
+    assert is_equivalent("\\sqrt{49}", "7")
+
+
+def test_reply_must_match_the_job():
+    assert _sympy_worker._reply(b'{"id": 4, "r": true}', 4) == {"id": 4, "r": True}
+    for line in [b'{"r": true}', b'{"id": 3, "r": false}', b'{"id": 4, "r": 1}',
+                 b'{"id": 4, "r": true, "x": 0}', b"garbage", None]:
+        assert _sympy_worker._reply(line, 4) is None
+
+
+def test_a_job_cannot_write_the_verdict_stream(monkeypatch, capfd):
+    """A job that prints forged replies on every descriptor it holds: the zygote's stdout
+    (fd 1 here) receives nothing and the verdict is the job's own pipe's."""
+    def forge(*_):
+        for fd in range(0, 64):
+            try:
+                os.write(fd, b'{"id": 1, "r": true}\n')
+            except OSError:
+                pass
+        return False
+
+    monkeypatch.setattr(_sympy_worker, "_child_compare", forge)
+    result = _sympy_worker._job({"a": "1", "b": "2", "mode": "expr", "atol": 0.0, "t": 5.0},
+                                own_pid_ns=False)
+    assert result is not True  # its pipe held garbage: no verdict
+    assert "true" not in capfd.readouterr().out
+
+
+def test_verdicts_do_not_leak_between_jobs():
+    """Many threads, alternating equal and different pairs: every verdict is its own."""
+    pool = SympyPool(2)
+    try:
+        pairs = [(" sqrt(49)", "7", True), (" sqrt(49)", "8", False)] * 20
+        results: list[tuple[bool, bool | None]] = []
+
+        def run(items):
+            for a, b, want in items:
+                results.append((want, pool.compare(a, b, timeout_s=20.0)))
+
+        threads = [threading.Thread(target=run, args=(pairs[i::4],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == len(pairs)
+        assert [got for want, got in results if want is not got] == []
+    finally:
+        pool.shutdown()
+
+
+def descendants(root: int) -> dict[int, str]:
+    """{pid: /proc/pid/status text} of every live descendant of `root`."""
+    status, parent = {}, {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                text = f.read()
+        except OSError:
+            continue
+        status[pid] = text
+        parent[pid] = int(text.split("PPid:")[1].split()[0])
+    out = {}
+    for pid in status:
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p == root and pid != root:
+            out[pid] = status[pid]
+    return out
+
+
+@pytest.mark.skipif(not isolation.available(), reason="bubblewrap unavailable")
+def test_math_workers_run_isolated():
+    pool = SympyPool(1, isolate=True)
+    try:
+        assert pool.warm() == 1
+        (worker,) = pool._all
+        pythons = [t for t in descendants(worker.proc.pid).values() if "Name:\tpython" in t]
+        assert pythons, "the zygote should run below bwrap"
+        for status in pythons:
+            assert "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
+            if os.geteuid() == 0:  # a dedicated uid
+                assert int(status.split("Uid:")[1].split()[0]) >= isolation.UID_BASE
+    finally:
+        pool.shutdown()
+
+
+def test_workers_end_when_the_trainer_dies(tmp_path):
+    """A SIGKILLed trainer leaves no worker behind (stdin EOF ends each zygote)."""
+    script = ("import os, sys\nfrom jaxrl_reason.rewards._sympy_worker import SympyPool\n"
+              "p = SympyPool(2)\np.warm()\n"
+              "print(' '.join(str(w.proc.pid) for w in p._all), flush=True)\n"
+              "os.kill(os.getpid(), 9)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5.0
+    while any(os.path.exists(f"/proc/{p}") and "zombie" not in _state(p) for p in pids):
+        assert time.monotonic() < deadline, "a worker outlived its trainer"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(line for line in f if line.startswith("State:")).lower()
+    except (OSError, StopIteration):
+        return "zombie"
