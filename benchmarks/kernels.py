@@ -36,6 +36,7 @@ from jaxrl_reason.kernels import group_advantage as ga  # noqa: E402
 from jaxrl_reason.kernels import group_advantage_gpu as ga_gpu  # noqa: E402
 from jaxrl_reason.kernels import policy_loss as pl  # noqa: E402
 from jaxrl_reason.kernels import policy_loss_gpu as pl_gpu  # noqa: E402
+from jaxrl_reason.rl import advantages, losses  # noqa: E402
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -71,7 +72,7 @@ def _loss_fn(impl: str, interpret: bool):
         loss = pl_gpu.policy_loss if ON_GPU else pl.policy_loss  # Triton on GPU
         options["interpret"] = interpret
     else:
-        loss = pl.policy_loss_reference
+        loss = losses.policy_loss
 
     @jax.jit
     def step(x):
@@ -88,8 +89,8 @@ def _adv_fn(impl: str, interpret: bool, group_size: int, estimator: str, scale: 
         kernels = ga_gpu if ON_GPU else ga  # Triton on GPU, Mosaic on TPU
         return jax.jit(lambda r: kernels.group_advantage(r, group_size, estimator=estimator,
                                                          scale=scale, interpret=interpret)[0])
-    return jax.jit(lambda r: ga.group_advantage_reference(r, group_size, estimator=estimator,
-                                                          scale=scale)[0])
+    return jax.jit(lambda r: advantages.group_advantages(r, group_size, estimator=estimator,
+                                                         scale=scale))
 
 
 def _shape(text: str) -> tuple[int, int]:

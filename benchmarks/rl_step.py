@@ -43,7 +43,7 @@ from sampler import (COMPILE_S, peak_rss_mib, print_trace, profile_options,  # n
                      prompt_ids, sampler_flops, trace_summary)
 from configs import arith_grpo  # noqa: E402
 from jaxrl_reason import models, sharding as shd  # noqa: E402
-from jaxrl_reason.kernels import dispatch as kernel_dispatch  # noqa: E402
+from jaxrl_reason.rl import backends as kernel_dispatch  # noqa: E402
 from jaxrl_reason.models.transformer import Transformer  # noqa: E402
 from jaxrl_reason.rl.batches import Rollout  # noqa: E402
 from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn  # noqa: E402

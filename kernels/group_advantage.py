@@ -1,7 +1,7 @@
 """Group-relative advantages as a Pallas TPU kernel (forward only: advantages are constants).
 
 Computes, for rewards ``[N]`` laid out group-major (``N = num_groups * G``), the advantages of
-``jaxrl_reason.rl.advantages.group_advantages`` for every estimator ("grpo", "rloo",
+``rl/advantages.py``'s ``group_advantages`` for the estimators of ``SUPPORTS`` ("grpo", "rloo",
 "reinforce_pp") and scale ("group", "batch", "none"), plus the per-group statistics of
 ``group_stats`` (mean, std, zero-variance mask), in one ``pallas_call``.
 
@@ -25,28 +25,32 @@ accumulating into VMEM scratch (both axes then "arbitrary", i.e. sequential):
   earlier phases and are first written in this one (the flash-attention accumulator trick), so
   nothing stale is written back.
 
-The reference is the jnp implementation in ``jaxrl_reason.rl.advantages`` (see
-``group_advantage_reference``); results agree to float32 round-off (reduction order differs).
+The reference is the jnp implementation ``rl/advantages.py``'s ``group_advantages`` and
+``group_stats`` (this module imports nothing from ``rl``: the tests compare the two); results
+agree to float32 round-off (reduction order differs). ``SUPPORTS`` lists what the kernel
+implements; it refuses anything else rather than compute a neighbouring formula.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_reason.rl.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    ADVANTAGE_SCALES,
-    _check_group_args,
-    group_advantages,
-    group_stats,
-)
+from jaxrl_reason.kernels.checks import check_group_args, check_supported
 
-__all__ = ["BlockSizes", "group_advantage", "group_advantage_reference"]
+__all__ = ["SUPPORTS", "BlockSizes", "group_advantage", "safe_sqrt"]
+
+SUPPORTS = types.MappingProxyType({
+    "estimator": frozenset({"grpo", "rloo", "reinforce_pp"}),
+    "scale": frozenset({"group", "batch", "none"}),
+})
+"""What the kernel implements: option -> values. Any other registered estimator or scale is
+refused here and computed by the jnp reference (``rl/backends.py`` routes it)."""
 
 _LANES, _SUBLANES = 128, 8
 _MAX_TILE_ELEMENTS = 1 << 18  # 1 MiB of f32 per (block_groups, padded G) tile
@@ -95,8 +99,8 @@ def group_advantage(
       rewards: real ``[N]``, group-major (rows ``[g*G:(g+1)*G]`` belong to prompt ``g``); cast
         to float32. ``N`` must be a positive multiple of ``group_size``.
       group_size: ``G`` (static int >= 1; >= 2 for "rloo").
-      estimator: "grpo", "rloo" or "reinforce_pp" (static).
-      scale: "group", "batch" or "none" (static).
+      estimator: "grpo", "rloo" or "reinforce_pp" (static; ``SUPPORTS["estimator"]``).
+      scale: "group", "batch" or "none" (static; ``SUPPORTS["scale"]``).
       eps: static float >= 0 added to the std before dividing.
       ddof: 0 (population std) or 1 (Bessel).
       block_sizes: tiling (static).
@@ -105,20 +109,16 @@ def group_advantage(
 
     Returns:
       ``(advantages, stats)``: advantages float32 ``[N]`` equal to
-      ``jaxrl_reason.rl.advantages.group_advantages`` and ``stats`` equal to ``group_stats``:
+      ``rl/advantages.py``'s ``group_advantages`` and ``stats`` equal to ``group_stats``:
       "mean" float32 ``[N // G]``, "std" float32 ``[N // G]``, "zero_variance" bool ``[N // G]``.
 
     Raises:
-      ValueError / TypeError: as ``jaxrl_reason.rl.advantages.group_advantages``.
+      ValueError: an estimator or scale outside ``SUPPORTS`` (even if registered in
+        ``rl/advantages.py``), and the argument errors of the reference.
+      TypeError: ``group_size`` is not a Python int.
     """
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {estimator!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-    if scale not in ADVANTAGE_SCALES:
-        raise ValueError(f"unknown advantage scale {scale!r}; known: {sorted(ADVANTAGE_SCALES)}")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
-    _check_group_args(rewards, group_size, ddof)
+    check_supported("group_advantage", SUPPORTS, estimator=estimator, scale=scale)
+    check_group_args(rewards, group_size, ddof, eps)
     if estimator == "rloo" and group_size < 2:
         raise ValueError(f"estimator 'rloo' needs group_size >= 2, got {group_size}")
 
@@ -181,7 +181,8 @@ def _total(x):
     return jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
 
 
-def _safe_sqrt(var):
+def safe_sqrt(var):
+    """sqrt(var) where var > 0, else 0; no NaN gradient at 0 (any shape, float32)."""
     positive = var > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1.0)), 0.0)
 
@@ -242,7 +243,7 @@ def _advantage_kernel(r_ref, adv_ref, mean_ref, std_ref, zv_ref,
             @pl.when(phase == p)
             def _write():
                 dev = jnp.where(in_group, r - g_mean, 0.0)
-                g_std = _safe_sqrt(jnp.sum(dev * dev, axis=1, keepdims=True)
+                g_std = safe_sqrt(jnp.sum(dev * dev, axis=1, keepdims=True)
                                    / max(group_size - ddof, 1))
                 c = centered()
                 if scale == "group":
@@ -250,7 +251,7 @@ def _advantage_kernel(r_ref, adv_ref, mean_ref, std_ref, zv_ref,
                 elif scale == "batch":
                     s1 = s1_ref[...]
                     var = jnp.maximum(s2_ref[...] - s1 * s1 / n, 0.0) / max(n - ddof, 1.0)
-                    b_std = _safe_sqrt(var)
+                    b_std = safe_sqrt(var)
                     adv = jnp.where(b_std > 0, c / (b_std + eps), 0.0)
                 else:
                     adv = c
@@ -258,16 +259,3 @@ def _advantage_kernel(r_ref, adv_ref, mean_ref, std_ref, zv_ref,
                 mean_ref[...] = g_mean
                 std_ref[...] = g_std
                 zv_ref[...] = zero_var.astype(jnp.int32)
-
-
-# ----------------------------------------------------------------------------- reference
-
-
-def group_advantage_reference(rewards, group_size, *, estimator="grpo", scale="group",
-                              eps=1e-6, ddof=0):
-    """The jnp reference: ``(group_advantages(...), group_stats(...))`` of
-    ``jaxrl_reason.rl.advantages``, with the same signature and returns as
-    ``group_advantage`` (minus the kernel options)."""
-    adv = group_advantages(rewards, group_size, estimator=estimator, scale=scale, eps=eps,
-                           ddof=ddof)
-    return adv, group_stats(rewards, group_size, ddof=ddof)

@@ -2,7 +2,7 @@
 constants). The GPU twin of ``group_advantage.py``: same entry point, same results.
 
 Computes, for rewards ``[N]`` laid out group-major (``N = num_groups * G``), the advantages of
-``jaxrl_reason.rl.advantages.group_advantages`` for every estimator ("grpo", "rloo",
+``rl/advantages.py``'s ``group_advantages`` for the estimators of ``SUPPORTS`` ("grpo", "rloo",
 "reinforce_pp") and scale ("group", "batch", "none"), plus the per-group statistics of
 ``group_stats`` (mean, std, zero-variance mask).
 
@@ -24,27 +24,32 @@ per-group partial results are reduced in jnp:
 - "write": advantages and per-group statistics, given those batch scalars (an f32 ``[4]``
   input read with scalar loads: Triton has no SMEM scalar prefetch).
 
-The reference is the jnp implementation in ``jaxrl_reason.rl.advantages`` (see
-``group_advantage_reference``); results agree to float32 round-off (reduction order differs).
+The reference is the jnp implementation ``rl/advantages.py``'s ``group_advantages`` and
+``group_stats``; results agree to float32 round-off (reduction order differs). ``SUPPORTS``
+lists what the kernels implement; they refuse anything else.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from jaxrl_reason.kernels.group_advantage import _safe_sqrt, group_advantage_reference
-from jaxrl_reason.rl.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    ADVANTAGE_SCALES,
-    _check_group_args,
-)
+from jaxrl_reason.kernels.checks import check_group_args, check_supported
+from jaxrl_reason.kernels.group_advantage import safe_sqrt
 
-__all__ = ["BlockSizes", "group_advantage", "group_advantage_reference"]
+__all__ = ["MAX_GROUP_SIZE", "SUPPORTS", "BlockSizes", "group_advantage"]
+
+SUPPORTS = types.MappingProxyType({
+    "estimator": frozenset({"grpo", "rloo", "reinforce_pp"}),
+    "scale": frozenset({"group", "batch", "none"}),
+})
+"""What the kernels implement: option -> values (as the TPU kernel). Anything else is refused
+here and computed by the jnp reference (``rl/backends.py`` routes it)."""
 
 MAX_GROUP_SIZE = 1 << 16
 """Largest ``G``: a group is one Triton tile of ``next_pow2(G)`` lanes."""
@@ -96,8 +101,8 @@ def group_advantage(
       rewards: real ``[N]``, group-major (rows ``[g*G:(g+1)*G]`` belong to prompt ``g``); cast
         to float32. ``N`` must be a positive multiple of ``group_size``.
       group_size: ``G`` (static int, 1 <= G <= ``MAX_GROUP_SIZE``; >= 2 for "rloo").
-      estimator: "grpo", "rloo" or "reinforce_pp" (static).
-      scale: "group", "batch" or "none" (static).
+      estimator: "grpo", "rloo" or "reinforce_pp" (static; ``SUPPORTS["estimator"]``).
+      scale: "group", "batch" or "none" (static; ``SUPPORTS["scale"]``).
       eps: static float >= 0 added to the std before dividing.
       ddof: 0 (population std) or 1 (Bessel).
       block_sizes: Triton tiling (static); None for the defaults.
@@ -105,21 +110,16 @@ def group_advantage(
 
     Returns:
       ``(advantages, stats)``: advantages float32 ``[N]`` equal to
-      ``jaxrl_reason.rl.advantages.group_advantages`` and ``stats`` equal to ``group_stats``:
+      ``rl/advantages.py``'s ``group_advantages`` and ``stats`` equal to ``group_stats``:
       "mean" float32 ``[N // G]``, "std" float32 ``[N // G]``, "zero_variance" bool ``[N // G]``.
 
     Raises:
-      ValueError / TypeError: as ``jaxrl_reason.rl.advantages.group_advantages``, and for
+      ValueError / TypeError: an estimator or scale outside ``SUPPORTS``, the argument errors
+        of the reference (``rl/advantages.py``'s ``group_advantages``), and
         ``G > MAX_GROUP_SIZE``.
     """
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {estimator!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-    if scale not in ADVANTAGE_SCALES:
-        raise ValueError(f"unknown advantage scale {scale!r}; known: {sorted(ADVANTAGE_SCALES)}")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
-    _check_group_args(rewards, group_size, ddof)
+    check_supported("group_advantage_gpu", SUPPORTS, estimator=estimator, scale=scale)
+    check_group_args(rewards, group_size, ddof, eps)
     if estimator == "rloo" and group_size < 2:
         raise ValueError(f"estimator 'rloo' needs group_size >= 2, got {group_size}")
     if group_size > MAX_GROUP_SIZE:
@@ -145,7 +145,7 @@ def group_advantage(
     if scale == "batch":
         s1, s2 = (jnp.sum(x) for x in call("var", batch))
         var = jnp.maximum(s2 - s1 * s1 / n, 0.0) / max(n - ddof, 1.0)
-        batch = batch.at[_STD].set(_safe_sqrt(var))
+        batch = batch.at[_STD].set(safe_sqrt(var))
     adv, mean, std, zero_var = call(f"write_{scale}", batch)
     stats = {"mean": mean, "std": std, "zero_variance": zero_var != 0}
     return adv.reshape(-1), stats
@@ -220,7 +220,7 @@ def _advantage_kernel(r_ref, batch_ref, *out_refs, phase, estimator, eps, ddof, 
 
     adv_ref, mean_ref, std_ref, zv_ref = out_refs
     dev = jnp.where(in_group, r - g_mean, 0.0)
-    g_std = _safe_sqrt(jnp.sum(dev * dev, axis=1, keepdims=True) / max(group_size - ddof, 1))
+    g_std = safe_sqrt(jnp.sum(dev * dev, axis=1, keepdims=True) / max(group_size - ddof, 1))
     if phase == "write_group":
         adv = jnp.where(zero_var, 0.0, centered / (g_std + eps))
     elif phase == "write_batch":
@@ -232,7 +232,3 @@ def _advantage_kernel(r_ref, batch_ref, *out_refs, phase, estimator, eps, ddof, 
     store_rows(mean_ref, g_mean)
     store_rows(std_ref, g_std)
     store_rows(zv_ref, zero_var)
-
-
-# ``group_advantage_reference`` (the jnp reference, same signature minus the kernel options) is
-# re-exported from ``group_advantage.py``: one reference for both backends.

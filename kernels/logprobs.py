@@ -129,8 +129,8 @@ def chunked_logprobs(hidden, unembedding, targets, *, temperature: float = 1.0,
     Returns:
       (logp f32 [B, L], entropy f32 [B, L]); differentiable w.r.t. hidden and unembedding.
     """
-    cfg = _Config(float(temperature), softcap, with_entropy,
-                  min(seq_chunk, hidden.shape[1]), min(vocab_chunk, unembedding.shape[1]))
+    cfg = LogprobConfig(float(temperature), softcap, with_entropy,
+                        min(seq_chunk, hidden.shape[1]), min(vocab_chunk, unembedding.shape[1]))
     return _chunked(cfg, hidden, unembedding, targets.astype(jnp.int32))
 
 
@@ -149,7 +149,7 @@ def pallas_logprobs(hidden, unembedding, targets, *, temperature: float = 1.0,
     Returns:
       (logp f32 [B, L], entropy f32 [B, L]).
     """
-    cfg = _Config(float(temperature), softcap, with_entropy, 0, 0)
+    cfg = LogprobConfig(float(temperature), softcap, with_entropy, 0, 0)
     return _pallas(cfg, block_sizes or BlockSizes(), interpret, hidden, unembedding,
                    targets.astype(jnp.int32))
 
@@ -158,7 +158,11 @@ def pallas_logprobs(hidden, unembedding, targets, *, temperature: float = 1.0,
 
 
 @dataclasses.dataclass(frozen=True)
-class _Config:
+class LogprobConfig:
+    """Static options of the log-prob computations, shared with ``logprobs_gpu``: sampling
+    temperature, optional logit softcap, whether to compute the entropy, and the chunk sizes
+    of ``chunked_logprobs`` (0 for the Pallas versions)."""
+
     temperature: float
     softcap: float | None
     with_entropy: bool
@@ -176,7 +180,7 @@ def _scaled_logits(cfg, h, w):
     return cfg.softcap * t / cfg.temperature, 1.0 - t * t
 
 
-def _online_update(state, z, valid, onehot):
+def online_update(state, z, valid, onehot):
     """Folds a logits chunk z [..., C] (columns where `valid`) into (m, s, t, zy) [..., 1]."""
     m, s, t, zy = state
     z = jnp.where(valid, z, 0.0)
@@ -188,7 +192,7 @@ def _online_update(state, z, valid, onehot):
             zy + jnp.sum(jnp.where(onehot, z, 0.0), axis=-1, keepdims=True))
 
 
-def _finalize(state):
+def finalize(state):
     """(m, s, t, zy) -> (logp, entropy, lse, E_p[z]), each [..., 1]."""
     m, s, t, zy = state
     lse = m + jnp.log(s)
@@ -196,7 +200,7 @@ def _finalize(state):
     return zy - lse, lse - mean_z, lse, mean_z
 
 
-def _dlogits(cfg, z, dcap, valid, onehot, lse, mean_z, g_logp, g_ent):
+def dlogits(cfg, z, dcap, valid, onehot, lse, mean_z, g_logp, g_ent):
     """Cotangent of the raw logits a = h @ W for one chunk (f32, zero where not valid)."""
     z = jnp.where(valid, z, 0.0)
     p = jnp.where(valid, jnp.exp(z - lse), 0.0)
@@ -209,7 +213,8 @@ def _dlogits(cfg, z, dcap, valid, onehot, lse, mean_z, g_logp, g_ent):
     return jnp.where(valid, da, 0.0)
 
 
-def _init_state(shape):
+def init_state(shape):
+    """The empty online-logsumexp state (m = -inf, s = t = zy = 0), each f32 ``shape``."""
     zeros = jnp.zeros(shape, jnp.float32)
     return (jnp.full(shape, -jnp.inf, jnp.float32), zeros, zeros, zeros)
 
@@ -244,11 +249,11 @@ def _chunked_fwd(cfg, hidden, w, targets):
             vstart, valid = _clamped_chunk(j, vc, vocab)
             z, _ = _scaled_logits(cfg, h, jax.lax.dynamic_slice_in_dim(w, vstart, vc, axis=1))
             onehot = valid & (vstart + jnp.arange(vc) == y)
-            return _online_update(state, z, valid, onehot)
+            return online_update(state, z, valid, onehot)
 
-        state = jax.lax.fori_loop(0, n_voc, voc_body, _init_state((batch, sc, 1)))
+        state = jax.lax.fori_loop(0, n_voc, voc_body, init_state((batch, sc, 1)))
         return tuple(jax.lax.dynamic_update_slice_in_dim(out, r[..., 0], start, axis=1)
-                     for out, r in zip(outs, _finalize(state)))
+                     for out, r in zip(outs, finalize(state)))
 
     zeros = jnp.zeros((batch, length), jnp.float32)
     logp, entropy, lse, mean_z = jax.lax.fori_loop(0, n_seq, seq_body, (zeros,) * 4)
@@ -283,7 +288,7 @@ def _chunked_bwd(cfg, residuals, cotangents):
             w_chunk = jax.lax.dynamic_slice_in_dim(w, vstart, vc, axis=1).astype(h.dtype)
             z, dcap = _scaled_logits(cfg, h, w_chunk)
             onehot = valid & (vstart + jnp.arange(vc) == y)
-            da = _dlogits(cfg, z, dcap, valid, onehot, lse_c[..., None], mean_c[..., None],
+            da = dlogits(cfg, z, dcap, valid, onehot, lse_c[..., None], mean_c[..., None],
                           gl, ge).astype(h.dtype)
             dh_rows = dh_rows + jnp.einsum("bsv,dv->bsd", da, w_chunk,
                                            preferred_element_type=jnp.float32)
@@ -437,19 +442,19 @@ def _fwd_kernel(h_ref, w_ref, y_ref, logp_ref, ent_ref, lse_ref, mean_ref,
 
     @pl.when(j == 0)
     def _init():
-        for ref, value in zip(scratch, _init_state(m_sc.shape)):
+        for ref, value in zip(scratch, init_state(m_sc.shape)):
             ref[...] = value
 
     h, w, valid, onehot = _load_block(h_ref, w_ref, y_ref, rows=rows, vocab=vocab,
                                       row_block=i, voc_block=j)
     z, _ = _scaled_logits(cfg, h, w)
-    state = _online_update(tuple(ref[...] for ref in scratch), z, valid, onehot)
+    state = online_update(tuple(ref[...] for ref in scratch), z, valid, onehot)
     for ref, value in zip(scratch, state):
         ref[...] = value
 
     @pl.when(j == n_voc - 1)
     def _write():
-        for ref, value in zip((logp_ref, ent_ref, lse_ref, mean_ref), _finalize(state)):
+        for ref, value in zip((logp_ref, ent_ref, lse_ref, mean_ref), finalize(state)):
             ref[...] = value
 
 
@@ -460,7 +465,7 @@ def _block_dlogits(cfg, refs, *, rows, vocab, row_block, voc_block):
                                       row_block=row_block, voc_block=voc_block)
     z, dcap = _scaled_logits(cfg, h, w)
     row_ok = row_block * h.shape[0] + jax.lax.broadcasted_iota(jnp.int32, z.shape, 0) < rows
-    da = _dlogits(cfg, z, dcap, valid & row_ok, onehot, lse_ref[...], mean_ref[...],
+    da = dlogits(cfg, z, dcap, valid & row_ok, onehot, lse_ref[...], mean_ref[...],
                   gl_ref[...], ge_ref[...])
     return h, w.astype(h.dtype), da.astype(h.dtype)
 

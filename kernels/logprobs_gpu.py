@@ -49,15 +49,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jaxrl_reason.kernels.logprobs import (
-    _Config,
-    _dlogits,
-    _finalize,
-    _init_state,
-    _online_update,
-    logprobs_reference,
+    LogprobConfig,
+    dlogits,
+    finalize,
+    init_state,
+    online_update,
 )
 
-__all__ = ["BlockSizes", "pallas_logprobs", "logprobs_reference"]
+__all__ = ["BlockSizes", "pallas_logprobs"]
 
 _MIN_BLOCK = 16  # tl.dot needs M, N, K >= 16
 
@@ -112,7 +111,7 @@ def pallas_logprobs(hidden, unembedding, targets, *, temperature: float = 1.0,
     Returns:
       (logp f32 [B, L], entropy f32 [B, L]); differentiable w.r.t. hidden and unembedding.
     """
-    cfg = _Config(float(temperature), softcap, with_entropy, 0, 0)
+    cfg = LogprobConfig(float(temperature), softcap, with_entropy, 0, 0)
     return _pallas(cfg, block_sizes or BlockSizes(), interpret, hidden, unembedding,
                    targets.astype(jnp.int32))
 
@@ -242,11 +241,11 @@ def _fwd_kernel(h_ref, w_ref, y_ref, logp_ref, ent_ref, lse_ref, mean_ref, *, cf
     def body(j, state):
         z, _ = _logits_tile(cfg, h_ref, w_ref, row0, j * tiles.vocab, tiles)
         valid, onehot = _columns(j * tiles.vocab, tiles, vocab, y)
-        return _online_update(state, z, valid, onehot)
+        return online_update(state, z, valid, onehot)
 
     state = jax.lax.fori_loop(0, pl.cdiv(vocab, tiles.vocab), body,
-                              _init_state((tiles.rows, 1)))
-    for ref, value in zip((logp_ref, ent_ref, lse_ref, mean_ref), _finalize(state)):
+                              init_state((tiles.rows, 1)))
+    for ref, value in zip((logp_ref, ent_ref, lse_ref, mean_ref), finalize(state)):
         pltriton.store(ref.at[row_slice], value[:, 0], mask=row_ok)
 
 
@@ -266,7 +265,7 @@ def _tile_dlogits(cfg, refs, row0, col0, row_values, tiles):
     row_ok, y, lse, mean_z, g_logp, g_ent = row_values
     z, dcap = _logits_tile(cfg, h_ref, w_ref, row0, col0, tiles)
     valid, onehot = _columns(col0, tiles, w_ref.shape[1], y)
-    da = _dlogits(cfg, z, dcap, valid & row_ok[:, None], onehot, lse, mean_z, g_logp, g_ent)
+    da = dlogits(cfg, z, dcap, valid & row_ok[:, None], onehot, lse, mean_z, g_logp, g_ent)
     return da.astype(h_ref.dtype)
 
 
@@ -336,7 +335,3 @@ def _dw_kernel(*refs, cfg, tiles, interpret):
         return carry
 
     jax.lax.fori_loop(0, pl.cdiv(rows, tiles.rows), row_body, 0)
-
-
-# ``logprobs_reference`` (the naive full-logits jnp computation) is re-exported from
-# ``logprobs.py``: one reference for both backends.

@@ -1,10 +1,10 @@
 """Fused clipped policy-gradient loss ("ppo" mode) as Pallas TPU kernels, with its gradient.
 
-Computes the loss and metrics of ``jaxrl_reason.rl.losses.policy_loss`` with
+Computes the loss and metrics of the reference ``policy_loss`` (``rl/losses.py``) with
 ``policy_loss_mode="ppo"`` (optionally dual-clipped), every ``loss_type`` ("grpo", "bnpo",
 "dr_grpo", "dapo"), every KL estimator with ``beta``, and the entropy bonus; advantages may be
 per sequence ``[B]`` or per token ``[B, L]``. Other modes and the TIS correction stay with the
-reference (``kernels/dispatch.py`` falls back to it).
+reference (``SUPPORTS``; ``rl/backends.py`` falls back to it).
 
 Design. Every ``loss_type`` is linear in the per-token values, ``loss = sum_b w_b *
 sum_t m_bt * tok_bt``, with a per-row weight ``w_b``: ``1 / (max(n_b, 1) * S)`` for "grpo"
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -49,15 +50,37 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_reason.rl.loss_modes import clipped_surrogate
-from jaxrl_reason.rl.losses import KL_ESTIMATORS, _check_shapes, _check_static
-from jaxrl_reason.rl.losses import policy_loss as _policy_loss_jnp
+from jaxrl_reason.kernels.checks import (
+    check_policy_loss_options,
+    check_policy_loss_shapes,
+    check_supported,
+)
+from jaxrl_reason.kernels.formulas import KL_FORMULAS, clipped_surrogate
 
-__all__ = ["BlockSizes", "policy_loss", "policy_loss_reference"]
+__all__ = ["SUPPORTS", "BlockSizes", "Stat", "check_fused_arguments", "make_custom_loss",
+           "per_shard", "policy_loss", "surrogate_grad"]
+
+SUPPORTS = types.MappingProxyType({
+    "loss_type": frozenset({"grpo", "bnpo", "dr_grpo", "dapo"}),
+    "kl_estimator": frozenset(KL_FORMULAS),
+    "policy_loss_mode": frozenset({"ppo"}),
+    "tis_cap": frozenset({None}),
+})
+"""What the kernels implement: option -> values. The row weights of the four aggregations are
+written out in ``make_custom_loss``, the KL estimators need their derivative
+(``formulas.KL_FORMULAS``), "gspo" needs a second pass over each row and "cispo" and truncated
+importance sampling are not fused. Anything else is refused here and computed by the jnp
+reference (``rl/backends.py`` routes it)."""
 
 _LANES = 128
-# Lanes of the per-row statistics block written by the forward kernel.
-_N, _PG, _KL, _ENT, _RATIO, _LOW, _HIGH, _DUAL, _MAX = range(9)
+
+
+class Stat:
+    """Lanes (TPU) / columns (GPU) of the per-row statistics written by the forward kernels
+    (plain ints): the row's token count, sums of ``m * pg``, ``m * kl``, ``m * entropy``,
+    ``m * ratio``, the low / high / dual clip counts, and the running ratio max."""
+
+    N, PG, KL, ENT, RATIO, LOW, HIGH, DUAL, MAX = range(9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +161,12 @@ def policy_loss(
       old_logp: float ``[B, L]``, the sampling policy's (constant).
       advantages: float ``[B]`` per sequence or ``[B, L]`` per token (constant).
       mask: bool or float ``[B, L]``, 1 on completion tokens (float values act as weights).
-      loss_type: "grpo", "bnpo", "dr_grpo" or "dapo".
+      loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (``SUPPORTS["loss_type"]``).
       epsilon_low, epsilon_high: static clip range ``[1 - epsilon_low, 1 + epsilon_high]``.
       beta: KL coefficient >= 0, float or scalar array; > 0 requires ``ref_logp``.
       ref_logp: float ``[B, L]`` under the reference model (constant), or None.
       max_completion_length: static int, required for "dr_grpo".
-      kl_estimator: "k1", "k2" or "k3".
+      kl_estimator: "k1", "k2" or "k3" (``SUPPORTS["kl_estimator"]``).
       num_tokens_global: int or scalar array, the global batch's token count, or None.
       num_sequences: int or scalar array, the global batch's sequence count, or None.
       entropy: float ``[B, L]`` per-token entropy, or None.
@@ -158,13 +181,18 @@ def policy_loss(
         ``pallas_call`` is not auto-partitioned, so without them XLA gathers whole arrays.
 
     Returns:
-      ``(loss f32[], metrics)`` exactly as ``jaxrl_reason.rl.losses.policy_loss`` with
-      ``policy_loss_mode="ppo"`` and no ``sampler_logp``: "clip_frac_low", "clip_frac_high",
-      "ratio_mean", "ratio_max", ["clip_frac_dual"], "kl", "entropy", "pg_loss".
+      ``(loss f32[], metrics)`` exactly as the reference ``policy_loss`` of ``rl/losses.py``
+      with ``policy_loss_mode="ppo"`` and no ``sampler_logp``: "clip_frac_low",
+      "clip_frac_high", "ratio_mean", "ratio_max", ["clip_frac_dual"], "kl", "entropy",
+      "pg_loss".
+
+    Raises:
+      ValueError: a ``loss_type`` or ``kl_estimator`` outside ``SUPPORTS`` (even if registered
+        in ``rl/losses.py``), and the argument errors of the reference.
     """
-    _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
-                  max_completion_length, entropy, entropy_coef, "ppo", clip_ratio_c, None, None)
-    _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, None)
+    check_fused_arguments("policy_loss", SUPPORTS, logp, old_logp, advantages, mask,
+                          loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+                          max_completion_length, entropy, entropy_coef, clip_ratio_c)
     return _policy_loss_jit(
         logp, old_logp, advantages, mask, beta, ref_logp, num_tokens_global, num_sequences,
         entropy, entropy_coef, loss_type=loss_type, epsilon_low=float(epsilon_low),
@@ -172,6 +200,22 @@ def policy_loss(
         kl_estimator=kl_estimator, clip_ratio_c=clip_ratio_c, block_sizes=block_sizes,
         interpret=interpret, mesh=mesh,
         batch_axes=(batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes or ()))
+
+
+def check_fused_arguments(kernel, supports, logp, old_logp, advantages, mask, loss_type,
+                          epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+                          max_completion_length, entropy, entropy_coef, clip_ratio_c) -> None:
+    """The argument checks of a fused policy loss (this module's or ``policy_loss_gpu``'s):
+    ``loss_type`` and ``kl_estimator`` inside ``supports`` (the kernel's ``SUPPORTS``), then
+    the reference's checks of the options and shapes (mode "ppo", no TIS). Raises ValueError
+    or TypeError naming the argument."""
+    check_supported(kernel, supports, loss_type=loss_type, kl_estimator=kl_estimator)
+    check_policy_loss_options(
+        loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+        max_completion_length, entropy, entropy_coef, "ppo", clip_ratio_c, None, None,
+        loss_types=supports["loss_type"], kl_estimators=supports["kl_estimator"],
+        policy_loss_modes=supports["policy_loss_mode"], dual_clip_modes=("ppo",))
+    check_policy_loss_shapes(logp, old_logp, advantages, mask, ref_logp, entropy)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -220,7 +264,7 @@ def make_custom_loss(forward_call, backward_call):
 
     Args:
       forward_call: ``(cfg, logp, old_logp, ref_logp, adv, mask, entropy) -> rows`` f32
-        ``[B, >= _MAX + 1]``, per-row statistics in the lanes ``_N`` ... ``_MAX``.
+        ``[B, >= Stat.MAX + 1]``, per-row statistics in the lanes ``Stat.N`` ... ``Stat.MAX``.
       backward_call: ``(cfg, scalars f32[2] (beta, entropy_coef), logp, old_logp, ref_logp,
         adv, mask, entropy, row_grad f32[B, 1]) -> (dlogp, dentropy or None)``.
     Returns: ``loss(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
@@ -236,30 +280,34 @@ def make_custom_loss(forward_call, backward_call):
     def fwd(cfg, logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
             num_sequences, num_tokens_global):
         rows = forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy)
-        n_b = rows[:, _N]
+        n_b = rows[:, Stat.N]
         total = jnp.sum(n_b)
         if cfg.loss_type == "grpo":
             weight = 1.0 / (jnp.maximum(n_b, 1.0) * num_sequences)
         elif cfg.loss_type == "dr_grpo":
             weight = jnp.broadcast_to(1.0 / (num_sequences * cfg.max_completion_length),
                                       n_b.shape)
-        else:  # "bnpo", "dapo": token mean over this batch or the global batch
+        elif cfg.loss_type in ("bnpo", "dapo"):  # token mean over this / the global batch
             count = total if num_tokens_global is None else num_tokens_global
             weight = jnp.broadcast_to(1.0 / jnp.maximum(count, 1.0), n_b.shape)
-        pg_loss, kl_agg, ent_agg = (jnp.sum(weight * rows[:, k]) for k in (_PG, _KL, _ENT))
+        else:  # unreachable past check_supported; never weight a new type as another one
+            raise ValueError(f"policy_loss kernel: no row weights for loss_type "
+                             f"{cfg.loss_type!r}")
+        pg_loss, kl_agg, ent_agg = (jnp.sum(weight * rows[:, k])
+                                    for k in (Stat.PG, Stat.KL, Stat.ENT))
         value = pg_loss + beta * kl_agg - entropy_coef * ent_agg
 
         denom = jnp.maximum(total, 1.0)
         metrics = {
-            "clip_frac_low": jnp.sum(rows[:, _LOW]) / denom,
-            "clip_frac_high": jnp.sum(rows[:, _HIGH]) / denom,
-            "ratio_mean": jnp.sum(rows[:, _RATIO]) / denom,
-            "ratio_max": jnp.max(rows[:, _MAX]),
+            "clip_frac_low": jnp.sum(rows[:, Stat.LOW]) / denom,
+            "clip_frac_high": jnp.sum(rows[:, Stat.HIGH]) / denom,
+            "ratio_mean": jnp.sum(rows[:, Stat.RATIO]) / denom,
+            "ratio_max": jnp.max(rows[:, Stat.MAX]),
         }
         if cfg.clip_ratio_c is not None:
-            metrics["clip_frac_dual"] = jnp.sum(rows[:, _DUAL]) / denom
-        metrics.update(kl=jnp.sum(rows[:, _KL]) / denom, entropy=jnp.sum(rows[:, _ENT]) / denom,
-                       pg_loss=pg_loss)
+            metrics["clip_frac_dual"] = jnp.sum(rows[:, Stat.DUAL]) / denom
+        metrics.update(kl=jnp.sum(rows[:, Stat.KL]) / denom,
+                       entropy=jnp.sum(rows[:, Stat.ENT]) / denom, pg_loss=pg_loss)
         residuals = (logp, old_logp, ref_logp, adv, mask, entropy, beta, entropy_coef,
                      num_sequences, num_tokens_global, weight, kl_agg, ent_agg)
         return (value, metrics), residuals
@@ -303,9 +351,10 @@ def _cost(cfg, inputs, out_bytes, flops_per_token):
                            bytes_accessed=in_bytes + out_bytes)
 
 
-def _per_shard(cfg, call, num_replicated=0):
+def per_shard(cfg, call, num_replicated=0):
     """``call`` as is, or under ``shard_map`` over the rows when ``cfg.mesh`` is set (the
-    first ``num_replicated`` arguments, scalars, are replicated)."""
+    first ``num_replicated`` arguments, scalars, are replicated). ``cfg`` needs ``mesh`` and
+    ``batch_axes``; ``call``'s other arguments and its outputs are ``[B, ...]`` row-sharded."""
     if cfg.mesh is None:
         return call
     rows = jax.sharding.PartitionSpec(cfg.batch_axes)
@@ -321,7 +370,7 @@ def _per_shard(cfg, call, num_replicated=0):
 
 
 def _forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy):
-    """Per-row statistics f32[Bp, 128] (lanes ``_N`` ... ``_MAX``)."""
+    """Per-row statistics f32[Bp, 128] (lanes ``Stat.N`` ... ``Stat.MAX``)."""
     def call(*inputs):
         bp, lp = inputs[0].shape  # this shard's
         return pl.pallas_call(
@@ -337,7 +386,7 @@ def _forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy):
         )(*inputs)
 
     inputs = [x for x in (logp, old_logp, ref_logp, adv, mask, entropy) if x is not None]
-    return _per_shard(cfg, call)(*inputs)
+    return per_shard(cfg, call)(*inputs)
 
 
 def _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy, row_grad):
@@ -365,7 +414,7 @@ def _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy, r
         )(scalars, *inputs))
 
     inputs = [x for x in (logp, old_logp, ref_logp, adv, mask) if x is not None]
-    outs = _per_shard(cfg, call, num_replicated=1)(scalars, *inputs, row_grad)
+    outs = per_shard(cfg, call, num_replicated=1)(scalars, *inputs, row_grad)
     return outs[0], (outs[1] if cfg.has_entropy else None)
 
 
@@ -404,14 +453,14 @@ def _forward_kernel(*refs, cfg):
     pg = clipped_surrogate(ratio, adv, cfg.epsilon_low, cfg.epsilon_high, cfg.clip_ratio_c)
     low = (ratio < 1.0 - cfg.epsilon_low) & (adv < 0)
     high = (ratio > 1.0 + cfg.epsilon_high) & (adv > 0)
-    columns = {_N: m, _PG: pg * m, _RATIO: ratio * m, _LOW: jnp.where(low, m, 0.0),
-               _HIGH: jnp.where(high, m, 0.0)}
+    columns = {Stat.N: m, Stat.PG: pg * m, Stat.RATIO: ratio * m,
+               Stat.LOW: jnp.where(low, m, 0.0), Stat.HIGH: jnp.where(high, m, 0.0)}
     if cfg.clip_ratio_c is not None:
-        columns[_DUAL] = jnp.where((ratio > cfg.clip_ratio_c) & (adv < 0), m, 0.0)
+        columns[Stat.DUAL] = jnp.where((ratio > cfg.clip_ratio_c) & (adv < 0), m, 0.0)
     if cfg.has_ref:
-        columns[_KL] = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * m
+        columns[Stat.KL] = KL_FORMULAS[cfg.kl_estimator][0](logp, ref_logp) * m
     if cfg.has_entropy:
-        columns[_ENT] = jnp.where(valid, refs[-2][...].astype(jnp.float32), 0.0) * m
+        columns[Stat.ENT] = jnp.where(valid, refs[-2][...].astype(jnp.float32), 0.0) * m
 
     lane = jax.lax.broadcasted_iota(jnp.int32, out_ref.shape, 1)
     update = jnp.zeros(out_ref.shape, jnp.float32)
@@ -419,7 +468,21 @@ def _forward_kernel(*refs, cfg):
         update = jnp.where(lane == k, jnp.sum(x, axis=1, keepdims=True), update)
     row_max = jnp.max(jnp.where(valid, ratio, 0.0), axis=1, keepdims=True)
     acc = out_ref[...]
-    out_ref[...] = jnp.where(lane == _MAX, jnp.maximum(acc, row_max), acc + update)
+    out_ref[...] = jnp.where(lane == Stat.MAX, jnp.maximum(acc, row_max), acc + update)
+
+
+def surrogate_grad(cfg, ratio, adv):
+    """``d pg / d logp`` of ``pg = clipped_surrogate(ratio, adv, ...)`` with ``ratio =
+    exp(logp - old_logp)`` (f32, broadcast shape of ``ratio`` and ``adv``): ``-r A`` where the
+    unclipped branch is selected, 0 where the clip or the dual clip (``cfg.clip_ratio_c``)
+    is active. ``cfg`` needs ``epsilon_low``, ``epsilon_high`` and ``clip_ratio_c``."""
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high) * adv
+    dpg = jnp.where(unclipped <= clipped, -unclipped, 0.0)
+    if cfg.clip_ratio_c is not None:
+        dual = (adv < 0) & (-jnp.minimum(unclipped, clipped) > -cfg.clip_ratio_c * adv)
+        dpg = jnp.where(dual, 0.0, dpg)
+    return dpg
 
 
 def _backward_kernel(scalars_ref, *refs, cfg):
@@ -430,33 +493,9 @@ def _backward_kernel(scalars_ref, *refs, cfg):
     m, _, logp, old_logp, ref_logp, adv = _load_tokens(cfg, refs)
     w = row_grad_ref[...] * m  # g * w_b * m_bt
 
-    ratio = jnp.exp(logp - old_logp)
-    unclipped = ratio * adv
-    clipped = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high) * adv
-    # pg = -min(r A, clip(r) A): d pg / d logp = -r A where the unclipped branch is selected.
-    dpg = jnp.where(unclipped <= clipped, -unclipped, 0.0)
-    if cfg.clip_ratio_c is not None:
-        bound = -cfg.clip_ratio_c * adv
-        dual = (adv < 0) & (-jnp.minimum(unclipped, clipped) > bound)
-        dpg = jnp.where(dual, 0.0, dpg)
-    dtok = dpg
+    dtok = surrogate_grad(cfg, jnp.exp(logp - old_logp), adv)
     if cfg.has_ref:
-        if cfg.kl_estimator == "k1":
-            dkl = jnp.ones_like(logp)
-        elif cfg.kl_estimator == "k2":
-            dkl = logp - ref_logp
-        else:  # k3: exp(d) - d - 1 with d = ref - logp
-            dkl = 1.0 - jnp.exp(ref_logp - logp)
-        dtok = dtok + scalars_ref[0] * dkl
+        dtok = dtok + scalars_ref[0] * KL_FORMULAS[cfg.kl_estimator][1](logp, ref_logp)
     dlogp_ref[...] = (w * dtok).astype(dlogp_ref.dtype)
     if cfg.has_entropy:
         dent_ref[...] = (-scalars_ref[1] * w).astype(dent_ref.dtype)
-
-
-# ----------------------------------------------------------------------------- reference
-
-
-def policy_loss_reference(logp, old_logp, advantages, mask, **kwargs):
-    """The jnp reference, ``jaxrl_reason.rl.losses.policy_loss`` (same arguments and returns
-    as ``policy_loss`` above, minus ``block_sizes`` and ``interpret``)."""
-    return _policy_loss_jnp(logp, old_logp, advantages, mask, **kwargs)

@@ -12,9 +12,9 @@ in parallel with no scratch that persists across grid steps:
   (``lax.fori_loop``) over ``L`` in ``block_l`` chunks, carrying the row sums of the mask,
   ``m * pg``, ``m * kl``, ``m * entropy``, ``m * ratio``, the clip counts and the running ratio
   max in registers; it stores them once as a ``(block_b, 16)`` tile of the f32 ``[B, 16]``
-  row statistics (columns as the TPU kernel's lanes ``_N`` ... ``_MAX``). Batch-wide sums (the
-  "bnpo"/"dapo" token count, the metrics) are then reductions of those per-row partials in
-  jnp, outside the kernel;
+  row statistics (columns as the TPU kernel's lanes ``Stat.N`` ... ``Stat.MAX``). Batch-wide
+  sums (the "bnpo"/"dapo" token count, the metrics) are then reductions of those per-row
+  partials in jnp, outside the kernel;
 - backward kernel, same grid and loop: ``d loss / d logp`` and ``d loss / d entropy`` chunk by
   chunk; ``beta`` and ``entropy_coef`` come from an f32 ``[2]`` input read with scalar loads (no
   SMEM scalar prefetch), ``g * w_b`` from an f32 ``[B]`` input.
@@ -25,12 +25,13 @@ of the number of shards under ``shard_map`` (``mask = 0`` rows). Inputs keep the
 and are cast to float32 in the kernel; gradients come back in the inputs' dtypes.
 
 Sharding: with ``mesh`` and ``batch_axes`` the (row-local) kernels run per shard under
-``jax.shard_map`` (``policy_loss._per_shard``), and only the ``[B]``-sized epilogue is global.
+``jax.shard_map`` (``policy_loss.per_shard``), and only the ``[B]``-sized epilogue is global.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -38,17 +39,26 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from jaxrl_reason.kernels.formulas import KL_FORMULAS, clipped_surrogate
 from jaxrl_reason.kernels.policy_loss import (
-    _DUAL, _ENT, _HIGH, _KL, _LOW, _MAX, _N, _PG, _RATIO,
-    _per_shard,
+    Stat,
+    check_fused_arguments,
     make_custom_loss,
-    _round_up,
-    policy_loss_reference,
+    per_shard,
+    surrogate_grad,
 )
-from jaxrl_reason.rl.loss_modes import clipped_surrogate
-from jaxrl_reason.rl.losses import KL_ESTIMATORS, _check_shapes, _check_static
 
-__all__ = ["BlockSizes", "policy_loss", "policy_loss_reference"]
+__all__ = ["SUPPORTS", "BlockSizes", "policy_loss"]
+
+SUPPORTS = types.MappingProxyType({
+    "loss_type": frozenset({"grpo", "bnpo", "dr_grpo", "dapo"}),
+    "kl_estimator": frozenset(KL_FORMULAS),
+    "policy_loss_mode": frozenset({"ppo"}),
+    "tis_cap": frozenset({None}),
+})
+"""What the kernels implement: option -> values (as the TPU kernels; the row weights of the
+aggregations are the shared ``make_custom_loss`` epilogue's). Anything else is refused here
+and computed by the jnp reference (``rl/backends.py`` routes it)."""
 
 _STATS = 16  # columns of the row statistics (9 used), a power of two for Triton
 
@@ -81,7 +91,7 @@ class BlockSizes:
 @dataclasses.dataclass(frozen=True)
 class _Config:
     """Static configuration shared by the forward and backward kernels (``mesh`` and
-    ``batch_axes`` are what ``policy_loss._per_shard`` reads)."""
+    ``batch_axes`` are what ``policy_loss.per_shard`` reads)."""
 
     loss_type: str
     epsilon_low: float
@@ -132,12 +142,12 @@ def policy_loss(
       old_logp: float ``[B, L]``, the sampling policy's (constant).
       advantages: float ``[B]`` per sequence or ``[B, L]`` per token (constant).
       mask: bool or float ``[B, L]``, 1 on completion tokens (float values act as weights).
-      loss_type: "grpo", "bnpo", "dr_grpo" or "dapo".
+      loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (``SUPPORTS["loss_type"]``).
       epsilon_low, epsilon_high: static clip range ``[1 - epsilon_low, 1 + epsilon_high]``.
       beta: KL coefficient >= 0, float or scalar array; > 0 requires ``ref_logp``.
       ref_logp: float ``[B, L]`` under the reference model (constant), or None.
       max_completion_length: static int, required for "dr_grpo".
-      kl_estimator: "k1", "k2" or "k3".
+      kl_estimator: "k1", "k2" or "k3" (``SUPPORTS["kl_estimator"]``).
       num_tokens_global: int or scalar array, the global batch's token count, or None.
       num_sequences: int or scalar array, the global batch's sequence count, or None.
       entropy: float ``[B, L]`` per-token entropy, or None.
@@ -150,15 +160,16 @@ def policy_loss(
         global. ``pallas_call`` is not auto-partitioned, so without them XLA gathers arrays.
 
     Returns:
-      ``(loss f32[], metrics)`` exactly as ``jaxrl_reason.rl.losses.policy_loss`` with
-      ``policy_loss_mode="ppo"`` and no ``sampler_logp``: "clip_frac_low", "clip_frac_high",
-      "ratio_mean", "ratio_max", ["clip_frac_dual"], "kl", "entropy", "pg_loss". Gradients
+      ``(loss f32[], metrics)`` exactly as the reference ``policy_loss`` (``rl/losses.py``)
+      with ``policy_loss_mode="ppo"`` and no ``sampler_logp``: "clip_frac_low",
+      "clip_frac_high", "ratio_mean", "ratio_max", ["clip_frac_dual"], "kl", "entropy",
+      "pg_loss". Gradients
       flow to ``logp``, ``entropy`` and array-valued ``beta`` / ``entropy_coef`` (as the TPU
       kernel: zero cotangents for the constants, the counts and the mask).
     """
-    _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
-                  max_completion_length, entropy, entropy_coef, "ppo", clip_ratio_c, None, None)
-    _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, None)
+    check_fused_arguments("policy_loss_gpu", SUPPORTS, logp, old_logp, advantages, mask,
+                          loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+                          max_completion_length, entropy, entropy_coef, clip_ratio_c)
     return _policy_loss_jit(
         logp, old_logp, advantages, mask, beta, ref_logp, num_tokens_global, num_sequences,
         entropy, entropy_coef, loss_type=loss_type, epsilon_low=float(epsilon_low),
@@ -178,7 +189,7 @@ def _policy_loss_jit(logp, old_logp, advantages, mask, beta, ref_logp, num_token
     """Casts scalars, pads ``B`` to a multiple of the shards (mask 0), calls the custom_vjp."""
     b = logp.shape[0]
     shards = 1 if mesh is None else int(np.prod([mesh.shape[a] for a in batch_axes]))
-    pad_b = _round_up(b, shards) - b
+    pad_b = -(-b // shards) * shards - b  # up to a multiple of the shards
 
     def pad(x):
         return None if x is None else jnp.pad(x, ((0, pad_b),) + ((0, 0),) * (x.ndim - 1))
@@ -211,7 +222,7 @@ def _params(cfg):
 
 
 def _forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy):
-    """Per-row statistics f32[B, 16] (columns ``_N`` ... ``_MAX``)."""
+    """Per-row statistics f32[B, 16] (columns ``Stat.N`` ... ``Stat.MAX``)."""
     def call(*inputs):
         rows, length = inputs[0].shape  # this shard's
         block_b, block_l, programs = _blocks(cfg, rows, length)
@@ -225,7 +236,7 @@ def _forward_call(cfg, logp, old_logp, ref_logp, adv, mask, entropy):
         )(*inputs)
 
     inputs = [x for x in (logp, old_logp, ref_logp, adv, mask, entropy) if x is not None]
-    return _per_shard(cfg, call)(*inputs)
+    return per_shard(cfg, call)(*inputs)
 
 
 def _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy, row_grad):
@@ -247,7 +258,7 @@ def _backward_call(cfg, scalars, logp, old_logp, ref_logp, adv, mask, entropy, r
         )(scalars, *inputs))
 
     inputs = [x for x in (logp, old_logp, ref_logp, adv, mask) if x is not None]
-    outs = _per_shard(cfg, call, num_replicated=1)(scalars, *inputs, row_grad)
+    outs = per_shard(cfg, call, num_replicated=1)(scalars, *inputs, row_grad)
     return outs[0], (outs[1] if cfg.has_entropy else None)
 
 
@@ -310,23 +321,24 @@ def _forward_kernel(*refs, cfg, block_b, block_l):
         pg = clipped_surrogate(ratio, adv, cfg.epsilon_low, cfg.epsilon_high, cfg.clip_ratio_c)
         low = (ratio < 1.0 - cfg.epsilon_low) & (adv < 0)
         high = (ratio > 1.0 + cfg.epsilon_high) & (adv > 0)
-        columns = {_N: m, _PG: pg * m, _RATIO: ratio * m, _LOW: jnp.where(low, m, 0.0),
-                   _HIGH: jnp.where(high, m, 0.0)}
+        columns = {Stat.N: m, Stat.PG: pg * m, Stat.RATIO: ratio * m,
+                   Stat.LOW: jnp.where(low, m, 0.0), Stat.HIGH: jnp.where(high, m, 0.0)}
         if cfg.clip_ratio_c is not None:
-            columns[_DUAL] = jnp.where((ratio > cfg.clip_ratio_c) & (adv < 0), m, 0.0)
+            columns[Stat.DUAL] = jnp.where((ratio > cfg.clip_ratio_c) & (adv < 0), m, 0.0)
         if cfg.has_ref:
-            columns[_KL] = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * m
+            columns[Stat.KL] = KL_FORMULAS[cfg.kl_estimator][0](logp, ref_logp) * m
         if cfg.has_entropy:
-            columns[_ENT] = jnp.where(valid, pltriton.load(
+            columns[Stat.ENT] = jnp.where(valid, pltriton.load(
                 in_refs[-1].at[rows, pl.ds(j * block_l, block_l)],
                 mask=valid, other=0).astype(jnp.float32), 0.0) * m
         acc = dict(acc)
         for k, x in columns.items():
             acc[k] = acc[k] + jnp.sum(x, axis=1)
-        acc[_MAX] = jnp.maximum(acc[_MAX], jnp.max(jnp.where(valid, ratio, 0.0), axis=1))
+        acc[Stat.MAX] = jnp.maximum(acc[Stat.MAX], jnp.max(jnp.where(valid, ratio, 0.0), axis=1))
         return acc
 
-    keys = (_N, _PG, _KL, _ENT, _RATIO, _LOW, _HIGH, _DUAL, _MAX)
+    keys = (Stat.N, Stat.PG, Stat.KL, Stat.ENT, Stat.RATIO, Stat.LOW, Stat.HIGH, Stat.DUAL,
+            Stat.MAX)
     acc = jax.lax.fori_loop(0, num_chunks, body,
                             {k: jnp.zeros((block_b,), jnp.float32) for k in keys})
     column = jnp.arange(_STATS)[None, :]
@@ -349,22 +361,9 @@ def _backward_kernel(scalars_ref, *refs, cfg, block_b, block_l):
         index, ok, m, _, logp, old_logp, ref_logp, adv = _load_chunk(
             cfg, in_refs, rows, row_ok, row_adv, j, block_l)
         w = row_grad * m  # g * w_b * m_bt
-        ratio = jnp.exp(logp - old_logp)
-        unclipped = ratio * adv
-        clipped = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high) * adv
-        # pg = -min(r A, clip(r) A): d pg / d logp = -r A where the unclipped branch is chosen.
-        dtok = jnp.where(unclipped <= clipped, -unclipped, 0.0)
-        if cfg.clip_ratio_c is not None:
-            dual = (adv < 0) & (-jnp.minimum(unclipped, clipped) > -cfg.clip_ratio_c * adv)
-            dtok = jnp.where(dual, 0.0, dtok)
+        dtok = surrogate_grad(cfg, jnp.exp(logp - old_logp), adv)
         if cfg.has_ref:
-            if cfg.kl_estimator == "k1":
-                dkl = jnp.ones_like(logp)
-            elif cfg.kl_estimator == "k2":
-                dkl = logp - ref_logp
-            else:  # k3: exp(d) - d - 1 with d = ref - logp
-                dkl = 1.0 - jnp.exp(ref_logp - logp)
-            dtok = dtok + beta * dkl
+            dtok = dtok + beta * KL_FORMULAS[cfg.kl_estimator][1](logp, ref_logp)
         pltriton.store(out_refs[0].at[index], (w * dtok).astype(out_refs[0].dtype), mask=ok)
         if cfg.has_entropy:
             pltriton.store(out_refs[1].at[index], (-entropy_coef * w).astype(out_refs[1].dtype),
@@ -372,7 +371,3 @@ def _backward_kernel(scalars_ref, *refs, cfg, block_b, block_l):
         return carry
 
     jax.lax.fori_loop(0, pl.cdiv(in_refs[0].shape[1], block_l), body, 0)
-
-
-# ``policy_loss_reference`` (the jnp reference, ``jaxrl_reason.rl.losses.policy_loss``) is
-# re-exported from ``policy_loss.py``: one reference for both backends.

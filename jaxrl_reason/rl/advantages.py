@@ -36,6 +36,11 @@ Deviations from the published methods / from TRL, on purpose:
   mean: that is the meaning of a global baseline.
 - The default ``eps`` is 1e-6 (TRL uses 1e-4).
 
+New estimators and scales are added with ``register_advantage_estimator`` and
+``register_advantage_scale`` (built-in names cannot be replaced). The kernels implement the
+built-in names only (their ``SUPPORTS``); ``jaxrl_reason.rl.backends`` runs anything else with
+this module, on every backend.
+
 All functions are pure ``jnp``, shape-static and safe under ``jax.jit`` (``group_size``,
 ``estimator``, ``scale``, ``eps`` and ``ddof`` are static Python values).
 """
@@ -45,6 +50,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 
+from jaxrl_reason.kernels.checks import check_choice, check_group_args, check_new_entry
+
 Array = jnp.ndarray
 
 __all__ = [
@@ -52,27 +59,12 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "group_advantages",
     "group_stats",
+    "register_advantage_estimator",
+    "register_advantage_scale",
 ]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _check_group_args(rewards, group_size, ddof: int = 0) -> None:
-    """Raises ValueError/TypeError for a bad rewards shape, group size or ddof."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"group_size must be a Python int, got {type(group_size).__name__}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if isinstance(ddof, bool) or ddof not in (0, 1):
-        raise ValueError(f"ddof must be 0 or 1, got {ddof!r}")
-    shape = jnp.shape(rewards)
-    if len(shape) != 1:
-        raise ValueError(f"rewards must be 1-D [N], got shape {shape}")
-    if shape[0] == 0 or shape[0] % group_size != 0:
-        raise ValueError(
-            f"rewards length {shape[0]} must be a positive multiple of group_size={group_size}"
-        )
 
 
 def _std(x: Array, axis, ddof: int) -> Array:
@@ -151,6 +143,31 @@ ADVANTAGE_SCALES: dict[str, Callable[[Array, Array, float, int], Array]] = {
 """Name -> ``(centered, grouped_rewards, eps, ddof) -> scaled``, all ``f32[num_groups, G]``."""
 
 
+def register_advantage_estimator(name: str, center: Callable[[Array], Array]) -> None:
+    """Registers a centering function under ``name`` (usable as ``rl.advantage_estimator``).
+
+    Args:
+      name: a new estimator name (existing names cannot be replaced).
+      center: ``f32[num_groups, G] -> f32[num_groups, G]``, pure jnp, shape-static.
+    Kernels run only the estimators in their ``SUPPORTS``; ``jaxrl_reason.rl.backends`` sends
+    a new one to this module's reference, on every backend, and logs it once.
+    """
+    check_new_entry("advantage estimator", name, center, ADVANTAGE_ESTIMATORS)
+    ADVANTAGE_ESTIMATORS[name] = center
+
+
+def register_advantage_scale(name: str,
+                             scale: Callable[[Array, Array, float, int], Array]) -> None:
+    """Registers a scaling function under ``name`` (usable as ``rl.advantage_scale``).
+
+    Args:
+      name: a new scale name (existing names cannot be replaced).
+      scale: ``(centered, grouped_rewards, eps, ddof) -> scaled``, all ``f32[num_groups, G]``.
+    """
+    check_new_entry("advantage scale", name, scale, ADVANTAGE_SCALES)
+    ADVANTAGE_SCALES[name] = scale
+
+
 # ----------------------------------------------------------------------------- public API
 
 
@@ -185,15 +202,9 @@ def group_advantages(
         group size, negative eps, ddof not in {0, 1}.
       TypeError: ``group_size`` is not a Python int.
     """
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {estimator!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}"
-        )
-    if scale not in ADVANTAGE_SCALES:
-        raise ValueError(f"unknown advantage scale {scale!r}; known: {sorted(ADVANTAGE_SCALES)}")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
-    _check_group_args(rewards, group_size, ddof)
+    check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
+    check_choice("advantage scale", scale, ADVANTAGE_SCALES)
+    check_group_args(rewards, group_size, ddof, eps)
     grouped = jnp.asarray(rewards, jnp.float32).reshape(-1, group_size)
     centered = ADVANTAGE_ESTIMATORS[estimator](grouped)
     scaled = ADVANTAGE_SCALES[scale](centered, grouped, eps, ddof)
@@ -213,7 +224,7 @@ def group_stats(rewards: Array, group_size: int, *, ddof: int = 0) -> dict[str, 
       ``"zero_variance"`` bool ``[N // G]`` (True where all rewards of the group are exactly
       equal; such groups carry no group-relative learning signal).
     """
-    _check_group_args(rewards, group_size, ddof)
+    check_group_args(rewards, group_size, ddof)
     grouped = jnp.asarray(rewards, jnp.float32).reshape(-1, group_size)
     return {
         "mean": jnp.mean(grouped, axis=1),

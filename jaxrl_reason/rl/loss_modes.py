@@ -55,26 +55,19 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxrl_reason.kernels.checks import check_new_entry
+from jaxrl_reason.kernels.formulas import clipped_surrogate
+
 Array = jnp.ndarray
 
-__all__ = ["POLICY_LOSS_MODES", "clipped_surrogate", "masked_mean"]
+__all__ = ["MODES_WITH_DUAL_CLIP", "POLICY_LOSS_MODES", "masked_mean",
+           "register_policy_loss_mode"]
 
 
 def masked_mean(x: Array, weight: Array) -> Array:
     """sum(sg[x] * weight) / max(sum(weight), 1): a float32 metric, 0 when nothing counts."""
     x = jax.lax.stop_gradient(jnp.asarray(x, jnp.float32))
     return jnp.sum(x * weight) / jnp.maximum(jnp.sum(weight), 1.0)
-
-
-def clipped_surrogate(ratio: Array, adv: Array, epsilon_low: float, epsilon_high: float,
-                      clip_ratio_c: float | None) -> Array:
-    """Per-element PPO loss ``-min(r A, clip(r) A)``, bounded by ``-c A`` where ``A < 0`` when
-    ``clip_ratio_c`` is given. ``ratio`` and ``adv`` broadcast (e.g. ``[B, L]`` and ``[B, 1]``)."""
-    clipped = jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-    loss = -jnp.minimum(ratio * adv, clipped * adv)
-    if clip_ratio_c is not None:
-        loss = jnp.where(adv < 0, jnp.minimum(loss, -clip_ratio_c * adv), loss)
-    return loss
 
 
 def _ratio_metrics(ratio, adv, weight, epsilon_low, epsilon_high, clip_ratio_c,
@@ -131,5 +124,22 @@ POLICY_LOSS_MODES: dict[str, Callable[..., tuple[Array, dict[str, Array]]]] = {
 mask f32[B, L], *, epsilon_low, epsilon_high, clip_ratio_c) -> (pg f32[B, L], metrics)``.
 Inputs are 0 at masked-out positions; ``pg`` there is ignored by the aggregation."""
 
-MODES_WITH_DUAL_CLIP = ("ppo", "gspo")
+MODES_WITH_DUAL_CLIP = ["ppo", "gspo"]
 """Modes that accept ``clip_ratio_c``."""
+
+
+def register_policy_loss_mode(name: str, mode: Callable[..., tuple[Array, dict[str, Array]]],
+                              *, dual_clip: bool = False) -> None:
+    """Registers a policy-gradient term under ``name`` (usable as ``rl.policy_loss_mode``).
+
+    Args:
+      name: a new name (existing names cannot be replaced).
+      mode: the signature of the ``POLICY_LOSS_MODES`` values.
+      dual_clip: whether ``mode`` honours ``clip_ratio_c`` (then it is accepted with it).
+    The policy-loss kernels fuse "ppo" only; ``jaxrl_reason.rl.backends`` runs every other
+    mode with the jnp reference.
+    """
+    check_new_entry("policy_loss_mode", name, mode, POLICY_LOSS_MODES)
+    POLICY_LOSS_MODES[name] = mode
+    if dual_clip:
+        MODES_WITH_DUAL_CLIP.append(name)

@@ -29,6 +29,11 @@ The per-token values are reduced to a scalar by ``loss_type`` (registry
                  SUMS the losses of the micro-batches; that sum is the token mean over the
                  global batch. Without it, this batch's own token count is used (= "bnpo").
 
+New aggregations and KL estimators are added with ``register_loss_aggregation`` and
+``register_kl_estimator``, policy-loss modes with ``loss_modes.register_policy_loss_mode``
+(built-in names cannot be replaced). The policy-loss kernels implement the built-in names only
+(their ``SUPPORTS``); ``jaxrl_reason.rl.backends`` runs anything else here, on every backend.
+
 Global normalizers: ``num_sequences`` (the ``B`` of "grpo" and "dr_grpo") and
 ``num_tokens_global`` (the token count of "bnpo" and "dapo") default to this batch's own; a
 caller that computes the loss on a subset of the rows (micro-batches, or the trainer skipping
@@ -73,6 +78,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxrl_reason.kernels.checks import (
+    check_aggregation_args,
+    check_new_entry,
+    check_policy_loss_options,
+    check_policy_loss_shapes,
+)
+from jaxrl_reason.kernels.formulas import kl_k1, kl_k2, kl_k3
 from jaxrl_reason.rl.loss_modes import MODES_WITH_DUAL_CLIP, POLICY_LOSS_MODES, masked_mean
 
 Array = jnp.ndarray
@@ -85,32 +97,19 @@ __all__ = [
     "kl_penalty",
     "kl_reward_penalty",
     "policy_loss",
+    "register_kl_estimator",
+    "register_loss_aggregation",
+    "sampler_mismatch",
 ]
 
 
 # ----------------------------------------------------------------------------- KL estimators
 
 
-def _kl_k1(logp: Array, ref_logp: Array) -> Array:
-    """logp - ref_logp (unbiased, can be negative)."""
-    return logp - ref_logp
-
-
-def _kl_k2(logp: Array, ref_logp: Array) -> Array:
-    """0.5 * (logp - ref_logp)**2 (biased, low variance, non-negative)."""
-    return 0.5 * jnp.square(logp - ref_logp)
-
-
-def _kl_k3(logp: Array, ref_logp: Array) -> Array:
-    """exp(ref - logp) - (ref - logp) - 1 (unbiased, non-negative)."""
-    d = ref_logp - logp
-    return jnp.exp(d) - d - 1.0
-
-
 KL_ESTIMATORS: dict[str, Callable[[Array, Array], Array]] = {
-    "k1": _kl_k1,
-    "k2": _kl_k2,
-    "k3": _kl_k3,
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
 }
 """Name -> per-token KL estimator ``(logp f32[B, L], ref_logp f32[B, L]) -> f32[B, L]``."""
 
@@ -226,19 +225,30 @@ LOSS_AGGREGATIONS: dict[str, Callable[..., Array]] = {
 num_sequences) -> f32[]``."""
 
 
-def _check_aggregation_args(loss_type, max_completion_length) -> None:
-    if loss_type not in LOSS_AGGREGATIONS:
-        raise ValueError(f"unknown loss_type {loss_type!r}; known: {sorted(LOSS_AGGREGATIONS)}")
-    if max_completion_length is not None:
-        if isinstance(max_completion_length, bool) or not isinstance(
-            max_completion_length, numbers.Integral
-        ):
-            raise TypeError(
-                "max_completion_length must be a Python int, got "
-                f"{type(max_completion_length).__name__}"
-            )
-        if max_completion_length < 1:
-            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+def register_loss_aggregation(name: str, aggregate: Callable[..., Array]) -> None:
+    """Registers a loss aggregation under ``name`` (usable as ``rl.loss_type``).
+
+    Args:
+      name: a new name (existing names cannot be replaced).
+      aggregate: ``(values f32[B, L], mask f32[B, L], max_completion_length,
+        num_tokens_global, num_sequences) -> f32[]``; masked-out values arrive as 0.
+    The policy-loss kernels implement the built-in aggregations only (their ``SUPPORTS``);
+    ``jaxrl_reason.rl.backends`` runs a new one with ``policy_loss`` here, on every backend.
+    """
+    check_new_entry("loss aggregation", name, aggregate, LOSS_AGGREGATIONS)
+    LOSS_AGGREGATIONS[name] = aggregate
+
+
+def register_kl_estimator(name: str, estimator: Callable[[Array, Array], Array]) -> None:
+    """Registers a per-token KL estimator under ``name`` (usable as ``rl.kl_estimator``).
+
+    Args:
+      name: a new name (existing names cannot be replaced).
+      estimator: ``(logp f32[B, L], ref_logp f32[B, L]) -> f32[B, L]``, differentiable in
+        ``logp``.
+    """
+    check_new_entry("kl_estimator", name, estimator, KL_ESTIMATORS)
+    KL_ESTIMATORS[name] = estimator
 
 
 def aggregate_loss(
@@ -265,7 +275,7 @@ def aggregate_loss(
     Returns:
       float32 scalar ``[]``. Masked-out values are ignored even if they are NaN or inf.
     """
-    _check_aggregation_args(loss_type, max_completion_length)
+    check_aggregation_args(loss_type, max_completion_length, LOSS_AGGREGATIONS)
     if jnp.ndim(values) != 2 or jnp.shape(mask) != jnp.shape(values):
         raise ValueError(
             f"aggregate_loss: values must be [B, L] and mask the same shape, got "
@@ -278,68 +288,6 @@ def aggregate_loss(
 
 
 # ----------------------------------------------------------------------------- policy loss
-
-
-def _check_positive_float(name, value, above):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a Python float or None, got {type(value).__name__}")
-    if not value > above:
-        raise ValueError(f"{name} must be > {above}, got {value}")
-
-
-def _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
-                  max_completion_length, entropy, entropy_coef, policy_loss_mode,
-                  clip_ratio_c, sampler_logp, tis_cap) -> None:
-    """Eager validation of the non-array arguments of ``policy_loss``."""
-    _check_aggregation_args(loss_type, max_completion_length)
-    if policy_loss_mode not in POLICY_LOSS_MODES:
-        raise ValueError(f"unknown policy_loss_mode {policy_loss_mode!r}; known: "
-                         f"{sorted(POLICY_LOSS_MODES)}")
-    if clip_ratio_c is not None:
-        _check_positive_float("clip_ratio_c", clip_ratio_c, 1.0)
-        if policy_loss_mode not in MODES_WITH_DUAL_CLIP:
-            raise ValueError(f"clip_ratio_c (dual clip) does not apply to policy_loss_mode "
-                             f"{policy_loss_mode!r}; it needs one of {MODES_WITH_DUAL_CLIP}")
-    if tis_cap is not None:
-        _check_positive_float("tis_cap", tis_cap, 0.0)
-        if sampler_logp is None:
-            raise ValueError("tis_cap requires sampler_logp")
-    if loss_type == "dr_grpo" and max_completion_length is None:
-        raise ValueError("loss_type 'dr_grpo' requires max_completion_length")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {kl_estimator!r}; known: {sorted(KL_ESTIMATORS)}")
-    for name, value in (("epsilon_low", epsilon_low), ("epsilon_high", epsilon_high)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
-    if not 0.0 < epsilon_low < 1.0:
-        raise ValueError(f"epsilon_low must be in (0, 1), got {epsilon_low}")
-    if not epsilon_high > 0.0:
-        raise ValueError(f"epsilon_high must be > 0, got {epsilon_high}")
-    if isinstance(beta, numbers.Real):
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        if beta > 0 and ref_logp is None:
-            raise ValueError(f"beta={beta} > 0 requires ref_logp")
-    elif ref_logp is None:
-        raise ValueError("a non-constant beta requires ref_logp")
-    if isinstance(entropy_coef, numbers.Real):
-        if entropy_coef != 0 and entropy is None:
-            raise ValueError(f"entropy_coef={entropy_coef} != 0 requires entropy")
-    elif entropy is None:
-        raise ValueError("a non-constant entropy_coef requires entropy")
-
-
-def _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, sampler_logp) -> None:
-    shape = jnp.shape(logp)
-    if len(shape) != 2:
-        raise ValueError(f"logp must be [B, L], got shape {shape}")
-    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp),
-                      ("entropy", entropy), ("sampler_logp", sampler_logp)):
-        if arr is not None and jnp.shape(arr) != shape:
-            raise ValueError(f"{name} shape {jnp.shape(arr)} != logp shape {shape}")
-    if jnp.shape(advantages) not in (shape[:1], shape):
-        raise ValueError(f"advantages must be [B]={shape[:1]} (one per sequence) or [B, L]="
-                         f"{shape} (per token, e.g. GAE), got {jnp.shape(advantages)}")
 
 
 def sampler_mismatch(old_logp: Array, sampler_logp: Array, mask: Array, *,
@@ -367,7 +315,7 @@ def sampler_mismatch(old_logp: Array, sampler_logp: Array, mask: Array, *,
     capped = jnp.zeros_like(m)
     if tis_cap is not None:
         weight, capped = jnp.minimum(weight, tis_cap), (weight > tis_cap).astype(jnp.float32)
-    return weight, {"sampler_kl": masked_mean(_kl_k3(sampler, old), m),
+    return weight, {"sampler_kl": masked_mean(kl_k3(sampler, old), m),
                     "tis_weight_mean": masked_mean(weight, m),
                     "tis_clip_frac": masked_mean(capped, m)}
 
@@ -441,10 +389,12 @@ def policy_loss(
         clip_ratio_c <= 1 or with "cispo", tis_cap <= 0 or without sampler_logp, beta > 0
         without ref_logp, "dr_grpo" without max_completion_length, shape mismatches.
     """
-    _check_static(loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
-                  max_completion_length, entropy, entropy_coef, policy_loss_mode,
-                  clip_ratio_c, sampler_logp, tis_cap)
-    _check_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, sampler_logp)
+    check_policy_loss_options(
+        loss_type, epsilon_low, epsilon_high, beta, ref_logp, kl_estimator,
+        max_completion_length, entropy, entropy_coef, policy_loss_mode, clip_ratio_c,
+        sampler_logp, tis_cap, loss_types=LOSS_AGGREGATIONS, kl_estimators=KL_ESTIMATORS,
+        policy_loss_modes=POLICY_LOSS_MODES, dual_clip_modes=MODES_WITH_DUAL_CLIP)
+    check_policy_loss_shapes(logp, old_logp, advantages, mask, ref_logp, entropy, sampler_logp)
 
     m = jnp.asarray(mask).astype(jnp.float32)
     valid = m != 0

@@ -34,7 +34,7 @@ from jaxrl_reason.metrics import MetricsWriter, format_line
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
-from jaxrl_reason.kernels import dispatch as kernel_dispatch
+from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import (Rollout, merge_groups, select_train_rows,
                                      zero_variance_groups)
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_reason import sharding as shd
-from jaxrl_reason.kernels import dispatch as kernel_dispatch, platform
+from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
+from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import _micro_sharding, from_micro, to_micro
 from jaxrl_reason.rl.value import gae, token_rewards, whiten
 from jaxrl_reason.train_state import TrainState, apply_gradients_if_finite

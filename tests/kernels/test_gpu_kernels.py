@@ -17,9 +17,16 @@ from hypothesis import strategies as st
 from jaxrl_reason.kernels import group_advantage_gpu as ga
 from jaxrl_reason.kernels import logprobs_gpu as lp
 from jaxrl_reason.kernels import policy_loss_gpu as pl
+from jaxrl_reason.kernels.logprobs import logprobs_reference
+from jaxrl_reason.rl.advantages import group_advantages, group_stats
+from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from jaxrl_reason.rl.losses import policy_loss as policy_loss_reference
 
 EPS = dict(epsilon_low=0.2, epsilon_high=0.28)
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = sorted(set(LOSS_AGGREGATIONS) & pl.SUPPORTS["loss_type"])
+KL_NAMES = sorted(set(KL_ESTIMATORS) & pl.SUPPORTS["kl_estimator"])
+ESTIMATORS = sorted(ga.SUPPORTS["estimator"])
+SCALES = sorted(ga.SUPPORTS["scale"])
 ON_GPU = jax.default_backend() == "gpu"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="runs the compiled Triton kernels: needs a GPU")
 
@@ -27,8 +34,14 @@ gpu_only = pytest.mark.skipif(not ON_GPU, reason="runs the compiled Triton kerne
 # ----------------------------------------------------------------------------- group advantage
 
 GA_SMALL = ga.BlockSizes(block_groups=4)  # several programs even for a few groups
-_ga_reference = jax.jit(ga.group_advantage_reference,
-                        static_argnames=("group_size", "estimator", "scale", "eps", "ddof"))
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "estimator", "scale", "eps", "ddof"))
+def _ga_reference(rewards, group_size, *, estimator="grpo", scale="group", eps=1e-6, ddof=0):
+    """(advantages, stats) of the jnp reference, as the kernel returns them."""
+    adv = group_advantages(rewards, group_size, estimator=estimator, scale=scale, eps=eps,
+                           ddof=ddof)
+    return adv, group_stats(rewards, group_size, ddof=ddof)
 
 
 def _rewards(seed, num_groups, group_size):
@@ -52,8 +65,8 @@ def _assert_advantages_match(rewards, group_size, *, interpret=True, **kw):
     return adv, stats
 
 
-@pytest.mark.parametrize("estimator", ("grpo", "rloo", "reinforce_pp"))
-@pytest.mark.parametrize("scale", ("group", "batch", "none"))
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("scale", SCALES)
 def test_group_advantage_every_estimator_and_scale(estimator, scale):
     # 11 groups of 6: 3 programs of 4 groups (the last one partial), 8 lanes for 6 rewards.
     _assert_advantages_match(_rewards(0, 11, 6), 6, estimator=estimator, scale=scale)
@@ -65,8 +78,8 @@ def test_group_advantage_every_estimator_and_scale(estimator, scale):
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(num_groups=st.integers(1, 13), group_size=st.sampled_from([1, 2, 3, 5, 16, 33]),
-       estimator=st.sampled_from(("grpo", "rloo", "reinforce_pp")),
-       scale=st.sampled_from(("group", "batch", "none")), ddof=st.integers(0, 1),
+       estimator=st.sampled_from(ESTIMATORS), scale=st.sampled_from(SCALES),
+       ddof=st.integers(0, 1),
        seed=st.integers(0, 2**16))
 def test_group_advantage_generated_shapes(num_groups, group_size, estimator, scale, ddof, seed):
     if estimator == "rloo" and group_size < 2:
@@ -129,7 +142,7 @@ def _assert_loss_matches(x, *, grad_rtol=1e-5, kernel_options=(), **kw):
     kernel_options = dict((("block_sizes", PL_SMALL), ("interpret", True)) + kernel_options)
     (loss, metrics), grads = _loss_and_grads(pl.policy_loss, x, diff, tuple(sorted(
         {**kw, **kernel_options}.items())))
-    (ref_loss, ref_metrics), ref_grads = _loss_and_grads(pl.policy_loss_reference, x, diff,
+    (ref_loss, ref_metrics), ref_grads = _loss_and_grads(policy_loss_reference, x, diff,
                                                          tuple(sorted(kw.items())))
     # Sums of terms up to exp(|logp - old_logp|) * |A| in size: scale absolute tolerances.
     ratio_scale = 1.0 + float(jnp.max(jnp.where(x["mask"], jnp.exp(jnp.abs(
@@ -148,19 +161,21 @@ def _assert_loss_matches(x, *, grad_rtol=1e-5, kernel_options=(), **kw):
     return loss, metrics, grads
 
 
-@pytest.mark.parametrize("loss_type, kl_estimator, clip_ratio_c, token_adv", [
-    ("grpo", "k1", None, False), ("bnpo", "k2", 3.0, True), ("dr_grpo", "k3", 3.0, False),
-    ("dapo", "k3", None, True)])
-def test_policy_loss_every_loss_type(loss_type, kl_estimator, clip_ratio_c, token_adv):
-    """Every loss_type and KL estimator; B = 10 and L = 77 divide no block."""
-    x = _loss_inputs(LOSS_TYPES.index(loss_type), 10, 77, token_adv=token_adv)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_policy_loss_every_loss_type(loss_type):
+    """Every fused loss_type, cycling through the KL estimators, the dual clip and per-token
+    advantages; B = 10 and L = 77 divide no block."""
+    i = LOSS_TYPES.index(loss_type)
+    kl_estimator = KL_NAMES[i % len(KL_NAMES)]
+    clip_ratio_c, token_adv = (None, 3.0)[i % 2], bool(i // 2 % 2)
+    x = _loss_inputs(i, 10, 77, token_adv=token_adv)
     _assert_loss_matches(x, loss_type=loss_type, kl_estimator=kl_estimator,
                          max_completion_length=80, clip_ratio_c=clip_ratio_c, **EPS)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 9), length=st.integers(1, 70), seed=st.integers(0, 2**16),
-       loss_type=st.sampled_from(LOSS_TYPES), kl_estimator=st.sampled_from(("k1", "k2", "k3")),
+       loss_type=st.sampled_from(LOSS_TYPES), kl_estimator=st.sampled_from(KL_NAMES),
        spread=st.sampled_from([0.1, 1.0, 20.0]), density=st.sampled_from([0.0, 0.3, 1.0]),
        flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
        bf16=st.booleans())
@@ -244,7 +259,7 @@ def _assert_logprobs_match(shape, *, temperature=1.0, softcap=None, with_entropy
                                   interpret=True)
 
     def reference(h, u, y):
-        logp, entropy = lp.logprobs_reference(h, u, y, temperature, softcap=softcap)
+        logp, entropy = logprobs_reference(h, u, y, temperature, softcap=softcap)
         return logp, (entropy if with_entropy else jnp.zeros_like(entropy))
 
     got = _lp_values_and_grads(kernel, hidden, w, targets, cotangents)
@@ -373,7 +388,7 @@ def test_compiled_on_gpu_matches_reference():
                    clip_ratio_c=3.0, **EPS)
     args = (x["old_logp"], x["advantages"], x["mask"])
     got = jax.value_and_grad(lambda v: pl.policy_loss(v, *args, **options)[0])(x["logp"])
-    want = jax.value_and_grad(lambda v: pl.policy_loss_reference(v, *args, **options)[0])(
+    want = jax.value_and_grad(lambda v: policy_loss_reference(v, *args, **options)[0])(
         x["logp"])
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -381,7 +396,7 @@ def test_compiled_on_gpu_matches_reference():
     hidden, w, targets, cotangents = _lp_inputs(0, 4, 100, 256, 3000)
     got = _lp_values_and_grads(lambda h, u, y: lp.pallas_logprobs(h, u, y),
                                hidden, w, targets, cotangents)
-    want = _lp_values_and_grads(lambda h, u, y: lp.logprobs_reference(h, u, y),
+    want = _lp_values_and_grads(lambda h, u, y: logprobs_reference(h, u, y),
                                 hidden, w, targets, cotangents)
     for a, b in zip(got, want):  # f32 matmuls may run as TF32 in the reference
         np.testing.assert_allclose(a, b, atol=1e-2 * float(jnp.abs(b).max()) + 1e-5, rtol=0)

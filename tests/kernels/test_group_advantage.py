@@ -1,4 +1,7 @@
-"""Pallas group-advantage kernel (interpret mode) against jaxrl_reason.rl.advantages."""
+"""Pallas group-advantage kernel (interpret mode) against jaxrl_reason.rl.advantages, for every
+registered estimator and scale: the kernel's values where it declares support, a refusal (and
+the backends' fallback to the reference) where it does not."""
+import functools
 import os
 
 import jax
@@ -9,18 +12,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_reason.kernels import dispatch
-from jaxrl_reason.kernels.group_advantage import (
-    BlockSizes,
-    group_advantage,
-    group_advantage_reference,
+from jaxrl_reason.kernels.group_advantage import SUPPORTS, BlockSizes, group_advantage
+from jaxrl_reason.rl import backends
+from jaxrl_reason.rl.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_SCALES,
+    group_advantages,
+    group_stats,
 )
 
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
-SCALES = ("group", "batch", "none")
+ESTIMATORS = sorted(ADVANTAGE_ESTIMATORS)
+SCALES = sorted(ADVANTAGE_SCALES)
 SMALL = BlockSizes(block_groups=8)  # several row blocks even for a few groups
-_reference = jax.jit(group_advantage_reference,
-                     static_argnames=("group_size", "estimator", "scale", "eps", "ddof"))
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "estimator", "scale", "eps", "ddof"))
+def _reference(rewards, group_size, *, estimator="grpo", scale="group", eps=1e-6, ddof=0):
+    """(advantages, stats) of the jnp reference, as the kernel returns them."""
+    adv = group_advantages(rewards, group_size, estimator=estimator, scale=scale, eps=eps,
+                           ddof=ddof)
+    return adv, group_stats(rewards, group_size, ddof=ddof)
+
+
+def _supported(estimator, scale):
+    return estimator in SUPPORTS["estimator"] and scale in SUPPORTS["scale"]
 
 
 def _rewards(seed, num_groups, group_size, *, constant_groups=0.3):
@@ -50,6 +65,14 @@ def _assert_matches(rewards, group_size, block_sizes=SMALL, interpret=True, **kw
 def test_every_estimator_and_scale(estimator, scale):
     # 21 groups of 6 -> 3 row blocks of 8 groups, lanes padded 6 -> 128.
     rewards = _rewards(0, 21, 6)
+    if not _supported(estimator, scale):  # registered, not implemented: refused, not guessed
+        with pytest.raises(ValueError, match="does not implement"):
+            group_advantage(rewards, 6, estimator=estimator, scale=scale, interpret=True)
+        np.testing.assert_array_equal(
+            backends.group_advantages(rewards, 6, estimator=estimator, scale=scale,
+                                      backend="pallas"),
+            _reference(rewards, 6, estimator=estimator, scale=scale)[0])
+        return
     _assert_matches(rewards, 6, estimator=estimator, scale=scale)
     # Same shapes (no recompile): a constant batch, every group zero-variance.
     adv, stats = _assert_matches(np.full(21 * 6, 0.25, np.float32), 6, estimator=estimator,
@@ -60,7 +83,8 @@ def test_every_estimator_and_scale(estimator, scale):
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(num_groups=st.integers(1, 19), group_size=st.sampled_from([1, 2, 3, 5, 8, 16, 130]),
-       estimator=st.sampled_from(ESTIMATORS), scale=st.sampled_from(SCALES),
+       estimator=st.sampled_from(sorted(SUPPORTS["estimator"])),
+       scale=st.sampled_from(sorted(SUPPORTS["scale"])),
        ddof=st.integers(0, 1), seed=st.integers(0, 2**16))
 def test_generated_shapes(num_groups, group_size, estimator, scale, ddof, seed):
     if estimator == "rloo" and group_size < 2:
@@ -83,38 +107,39 @@ def test_tpu_interpret_mode_semantics():
                     scale="batch")
 
 
-def test_jit_and_dispatch():
+def test_jit_and_backends():
     rewards = jnp.asarray(_rewards(1, 10, 4))
-    expected = group_advantage_reference(rewards, 4, estimator="rloo", scale="batch")[0]
+    expected = _reference(rewards, 4, estimator="rloo", scale="batch")[0]
 
     @jax.jit
     def f(r):
-        return dispatch.group_advantages(r, 4, estimator="rloo", scale="batch",
+        return backends.group_advantages(r, 4, estimator="rloo", scale="batch",
                                          backend="pallas")
 
     np.testing.assert_allclose(f(rewards), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
-        dispatch.group_advantages(rewards, 4, estimator="rloo", scale="batch", backend="auto"),
+        backends.group_advantages(rewards, 4, estimator="rloo", scale="batch", backend="auto"),
         expected, rtol=1e-6)
-    stats = dispatch.group_stats(rewards, 4, backend="pallas")
-    np.testing.assert_allclose(stats["std"], group_advantage_reference(rewards, 4)[1]["std"],
-                               rtol=1e-6)
+    stats = backends.group_stats(rewards, 4, backend="pallas")
+    np.testing.assert_allclose(stats["std"], _reference(rewards, 4)[1]["std"], rtol=1e-6)
 
 
 def test_resolve_backend():
-    assert dispatch.resolve_backend("reference") == "reference"
-    assert dispatch.resolve_backend("pallas") == "pallas"
+    assert backends.resolve_backend("reference") == "reference"
+    assert backends.resolve_backend("pallas") == "pallas"
     expected = "pallas" if jax.default_backend() in ("tpu", "gpu") else "reference"
-    assert dispatch.resolve_backend("auto") == expected
+    assert backends.resolve_backend("auto") == expected
     with pytest.raises(ValueError, match="unknown kernel backend"):
-        dispatch.resolve_backend("triton")
+        backends.resolve_backend("triton")
 
 
 def test_errors_match_reference():
     with pytest.raises(ValueError, match="needs group_size >= 2"):
         group_advantage(jnp.ones(4), 1, estimator="rloo", interpret=True)
-    with pytest.raises(ValueError, match="unknown advantage estimator"):
+    with pytest.raises(ValueError, match="estimator='ppo'"):
         group_advantage(jnp.ones(4), 2, estimator="ppo", interpret=True)
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        group_advantage(jnp.ones(4), 2, eps=-1.0, interpret=True)
     with pytest.raises(ValueError, match="positive multiple of group_size"):
         group_advantage(jnp.ones(5), 2, interpret=True)
     with pytest.raises(ValueError, match="multiple of 8"):

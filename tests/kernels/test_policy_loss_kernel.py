@@ -1,5 +1,6 @@
 """Pallas policy loss (interpret mode) against jaxrl_reason.rl.losses.policy_loss: values,
-metrics and gradients."""
+metrics and gradients, for every registered loss aggregation and KL estimator the kernel
+declares in its SUPPORTS (test_extension_points.py covers names outside it)."""
 import functools
 import itertools
 import os
@@ -12,12 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_reason.kernels import dispatch
-from jaxrl_reason.kernels.group_advantage import group_advantage
-from jaxrl_reason.kernels.policy_loss import BlockSizes, policy_loss, policy_loss_reference
+from jaxrl_reason.kernels.policy_loss import SUPPORTS, BlockSizes, policy_loss
+from jaxrl_reason.rl import backends
+from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, group_advantages
+from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS_MODES
+from jaxrl_reason.rl.losses import policy_loss as policy_loss_reference
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_TYPES = sorted(LOSS_AGGREGATIONS)
+KL_NAMES = sorted(KL_ESTIMATORS)
+FUSED = [(t, k) for t, k in itertools.product(LOSS_TYPES, KL_NAMES)
+         if t in SUPPORTS["loss_type"] and k in SUPPORTS["kl_estimator"]]
 SMALL = BlockSizes(block_b=8, block_l=128)  # several blocks along B and L for small shapes
 EPS = dict(epsilon_low=0.2, epsilon_high=0.28)
 
@@ -89,24 +94,23 @@ def _assert_matches(x, *, beta=0.05, entropy_coef=0.01, rtol=1e-5, grad_rtol=1e-
     return loss, metrics, grads
 
 
-@pytest.mark.parametrize("loss_type,kl_estimator",
-                         list(itertools.product(LOSS_TYPES, KL_ESTIMATORS)))
+@pytest.mark.parametrize("loss_type,kl_estimator", FUSED)
 def test_every_loss_type_estimator_and_kl(loss_type, kl_estimator):
-    """Each loss_type x KL estimator, fed the advantages of each advantage estimator."""
+    """Each fused loss_type x KL estimator, fed the advantages of each advantage estimator."""
     b, g, length = 12, 4, 140
-    x = _inputs(3 * LOSS_TYPES.index(loss_type) + KL_ESTIMATORS.index(kl_estimator), b, length)
+    x = _inputs(3 * LOSS_TYPES.index(loss_type) + KL_NAMES.index(kl_estimator), b, length)
     rewards = jnp.asarray(np.random.default_rng(0).integers(0, 3, b), jnp.float32)
     clip_ratio_c = 3.0 if kl_estimator == "k2" else None
-    for estimator in ("grpo", "rloo", "reinforce_pp"):  # same shapes: one compile per test
-        x["advantages"] = group_advantage(rewards, g, estimator=estimator, scale="group",
-                                          interpret=True)[0]
+    for estimator in sorted(ADVANTAGE_ESTIMATORS):  # same shapes: one compile per test
+        x["advantages"] = group_advantages(rewards, g, estimator=estimator, scale="group")
         _assert_matches(x, loss_type=loss_type, kl_estimator=kl_estimator,
                         max_completion_length=length, clip_ratio_c=clip_ratio_c, **EPS)
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 20), length=st.integers(1, 300), seed=st.integers(0, 2**16),
-       loss_type=st.sampled_from(LOSS_TYPES), kl_estimator=st.sampled_from(KL_ESTIMATORS),
+       loss_type=st.sampled_from(sorted(SUPPORTS["loss_type"])),
+       kl_estimator=st.sampled_from(sorted(SUPPORTS["kl_estimator"])),
        spread=st.sampled_from([0.1, 1.0, 20.0]), density=st.sampled_from([0.0, 0.3, 1.0]),
        flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
        bf16=st.booleans())
@@ -165,7 +169,7 @@ def test_under_jit_with_traced_scalars():
     @jax.jit
     def step(logp, beta, num_sequences, num_tokens):
         def f(lp):
-            return dispatch.policy_loss(
+            return backends.policy_loss(
                 lp, x["old_logp"], x["advantages"], x["mask"], loss_type="dapo", beta=beta,
                 ref_logp=x["ref_logp"], num_sequences=num_sequences,
                 num_tokens_global=num_tokens, backend="pallas", **EPS)
@@ -181,19 +185,34 @@ def test_under_jit_with_traced_scalars():
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-9)
 
 
-def test_dispatch_falls_back_for_unfused_options():
+@pytest.mark.parametrize("mode", sorted(POLICY_LOSS_MODES))
+def test_backends_fall_back_for_unfused_modes(mode):
     x = _inputs(4, 4, 20)
-    common = dict(loss_type="grpo", **EPS)
-    for extra in ({"policy_loss_mode": "gspo"}, {"policy_loss_mode": "cispo"},
-                  {"sampler_logp": x["old_logp"], "tis_cap": 2.0}):
-        assert dispatch.fallback_reason_policy_loss(x["logp"], **extra)
-        loss, metrics = dispatch.policy_loss(x["logp"], x["old_logp"], x["advantages"],
-                                             x["mask"], backend="pallas", **common, **extra)
-        ref_loss, ref_metrics = policy_loss_reference(
-            x["logp"], x["old_logp"], x["advantages"], x["mask"], **common, **extra)
-        assert float(loss) == float(ref_loss) and set(metrics) == set(ref_metrics)
-    assert dispatch.fallback_reason_policy_loss(x["logp"]) is None
-    assert dispatch.fallback_reason_policy_loss(jnp.zeros((0, 3)))
+    common = dict(loss_type="grpo", policy_loss_mode=mode, **EPS)
+    reason = backends.fallback_reason_policy_loss(x["logp"], policy_loss_mode=mode)
+    assert (reason is None) == (mode in SUPPORTS["policy_loss_mode"])
+    loss, metrics = backends.policy_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"],
+                                         backend="pallas", **common)
+    ref_loss, ref_metrics = policy_loss_reference(
+        x["logp"], x["old_logp"], x["advantages"], x["mask"], **common)
+    assert set(metrics) == set(ref_metrics)
+    if reason is None:
+        np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    else:
+        assert float(loss) == float(ref_loss)
+
+
+def test_backends_fall_back_for_tis_and_empty_batches():
+    x = _inputs(4, 4, 20)
+    common = dict(loss_type="grpo", sampler_logp=x["old_logp"], tis_cap=2.0, **EPS)
+    assert "tis_cap" in backends.fallback_reason_policy_loss(x["logp"], tis_cap=2.0)
+    loss, _ = backends.policy_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"],
+                                   backend="pallas", **common)
+    ref_loss, _ = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"], x["mask"],
+                                        **common)
+    assert float(loss) == float(ref_loss)
+    assert backends.fallback_reason_policy_loss(x["logp"]) is None
+    assert "empty" in backends.fallback_reason_policy_loss(jnp.zeros((0, 3)))
 
 
 def test_validation_errors_match_reference():
@@ -257,9 +276,9 @@ def test_sampler_logp_without_a_cap_keeps_the_kernel_and_adds_the_mismatch_metri
     tis_cap that must not push the loss off the kernel."""
     x = _inputs(4, 4, 20)
     sampler = x["old_logp"] + 0.05 * jnp.sin(jnp.arange(20.0))
-    assert dispatch.fallback_reason_policy_loss(x["logp"], sampler_logp=sampler) is None
+    assert backends.fallback_reason_policy_loss(x["logp"], sampler_logp=sampler) is None
     common = dict(loss_type="bnpo", sampler_logp=sampler, **EPS)
-    loss, metrics = dispatch.policy_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"],
+    loss, metrics = backends.policy_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"],
                                          backend="pallas", **common)
     ref_loss, ref_metrics = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"],
                                                   x["mask"], **common)
