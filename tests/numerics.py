@@ -34,9 +34,11 @@ a result outside it is a bug, not unlucky rounding.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
-__all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude"]
+__all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude",
+           "logit_terms_bound", "decoder_tolerance", "decoder_grad_tolerance"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -95,3 +97,68 @@ def abs_matmul_magnitude(x, w) -> float:
     if w.ndim != 2 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"abs_matmul_magnitude: shapes {x.shape} @ {w.shape} do not match")
     return float((np.abs(x) @ np.abs(w)).max(initial=0.0))
+
+
+def logit_terms_bound(cfg, params) -> float:
+    """An upper bound of sum_i |h_i W_ij| over every logit of a decoder, from its params.
+
+    The final RMSNorm's output has ||h||_2 <= sqrt(d_model) * max |scale| (1 + scale with
+    `norm_plus_one`), so by Cauchy-Schwarz sum_i |h_i W_ij| <= ||h||_2 * max_j ||W_:j||_2
+    over the unembedding's columns. A final soft-cap only shrinks the logits.
+
+    Args:
+      cfg: the `ModelConfig`; params: its params (a dict of arrays, as `init_params` gives).
+    Returns:
+      python float.
+    """
+    scale = np.abs(np.asarray(params["final_norm"]["scale"], np.float64)
+                   + (1.0 if cfg.norm_plus_one else 0.0)).max()
+    if cfg.tie_embeddings:
+        columns = np.asarray(params["embedding"], np.float64)  # [V, D]: row j is column j
+    else:
+        columns = np.asarray(params["lm_head"], np.float64).T
+    return float(np.sqrt(cfg.d_model) * scale * np.sqrt((columns ** 2).sum(-1)).max())
+
+
+def decoder_tolerance(cfg, params, *, tokens: int, temperature: float = 1.0,
+                      orders: int = 2) -> float:
+    """`f32_tolerance` for a decoder's log-probs computed in two summation orders.
+
+    n is the longest reduction of the forward (d_model, mlp_hidden, the attention width
+    n_heads * head_dim, the `tokens` attended, the vocabulary's log-softmax); the magnitude
+    is `logit_terms_bound` / temperature; the chain is two reductions per layer (attention,
+    MLP) plus the unembedding and the log-softmax. An entropy H = -sum_j p_j log p_j moves by
+    at most max |d log p| * H <= max |d log p| * log V, so multiply by log(vocab_size) for
+    entropies.
+
+    Args:
+      cfg, params: the model; tokens: int, the sequence length attended over;
+      temperature: the log-softmax's temperature; orders: as in `f32_tolerance`.
+    Returns:
+      python float, an absolute tolerance for log-probs.
+    """
+    n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, tokens, cfg.vocab_size)
+    return f32_tolerance(n, logit_terms_bound(cfg, params) / temperature,
+                         chain=2 * cfg.n_layers + 2, orders=orders)
+
+
+def decoder_grad_tolerance(cfg, grads, *, tokens: int, rows: int) -> float:
+    """`f32_tolerance` for a decoder's parameter gradients computed in two orders.
+
+    The backward pass runs the forward's reductions again, transposed (chain doubled), and
+    sums each weight's gradient over the rows * tokens positions. Its errors are norm-wise:
+    they mix across layers through the chain, so the magnitude is the largest gradient entry
+    of the whole tree, not the entry itself.
+
+    Args:
+      cfg: the `ModelConfig`; grads: a pytree of gradient arrays (either side's);
+      tokens: int, sequence length; rows: int, sequences in the batch.
+    Returns:
+      python float, an absolute tolerance for every gradient entry.
+    """
+    n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, tokens, cfg.vocab_size,
+            rows * tokens)
+    largest = max(float(np.abs(np.asarray(g, np.float64)).max(initial=0.0))
+                  for g in jax.tree.leaves(grads))
+    return f32_tolerance(n, largest, chain=2 * (2 * cfg.n_layers + 2))
+
