@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxrl_reason.evaluation import _check_correct, pass_at_k, pass_at_k_curve
+from jaxrl_reason.evaluation import check_correct, pass_at_k, pass_at_k_curve
 from jaxrl_reason.stats import mean_ci
 
 __all__ = ["problem_scores", "paired_bootstrap", "pass_at_k_curves", "format_comparison",
@@ -46,7 +46,7 @@ def problem_scores(correct: np.ndarray, k: int = 1) -> np.ndarray:
     if arr.ndim != 3:
         raise ValueError(f"problem_scores: correct must be [S, P, n] or [P, n], got shape "
                          f"{arr.shape}")
-    per_seed = [_check_correct(c, "problem_scores") for c in arr]
+    per_seed = [check_correct(c, "problem_scores") for c in arr]
     n = per_seed[0].shape[1]
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
         raise ValueError(f"problem_scores: k must be an int in [1, n={n}], got {k!r}")

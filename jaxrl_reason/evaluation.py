@@ -41,6 +41,7 @@ import numpy as np
 from jaxrl_reason.stats import mean_ci, student_t_quantile
 
 __all__ = [
+    "check_correct",
     "pass_at_k",
     "pass_at_k_batch",
     "maj_at_k",
@@ -99,7 +100,7 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / i))
 
 
-def _check_correct(correct: np.ndarray, where: str) -> np.ndarray:
+def check_correct(correct: np.ndarray, where: str) -> np.ndarray:
     """Validate a [P, n] correctness matrix (bool, or integers in {0, 1}); return it as bool."""
     arr = np.asarray(correct)
     if arr.ndim != 2:
@@ -123,7 +124,7 @@ def pass_at_k_batch(correct: np.ndarray, k: int) -> float:
     Returns:
       float in [0, 1], mean over the P problems of `pass_at_k(n, c_p, k)`.
     """
-    arr = _check_correct(correct, "pass_at_k_batch")
+    arr = check_correct(correct, "pass_at_k_batch")
     n = arr.shape[1]
     return float(np.mean([pass_at_k(n, int(c), k) for c in arr.sum(axis=1)]))
 
@@ -138,7 +139,7 @@ def pass_at_k_curve(correct: np.ndarray, max_k: int | None = None) -> list[float
       list of max_k floats in [0, 1]; entry k - 1 is `pass_at_k_batch(correct, k)`, so the
       list never decreases.
     """
-    arr = _check_correct(correct, "pass_at_k_curve")
+    arr = check_correct(correct, "pass_at_k_curve")
     n = arr.shape[1]
     max_k = n if max_k is None else _check_k(max_k, n, "pass_at_k_curve")
     return [pass_at_k_batch(arr, k) for k in range(1, max_k + 1)]
@@ -208,7 +209,7 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct: np.ndarray, k: in
     Returns:
       float in [0, 1], mean score over the P problems.
     """
-    arr = _check_correct(correct, "maj_at_k")
+    arr = check_correct(correct, "maj_at_k")
     num_problems, n = arr.shape
     k = _check_k(k, n, "maj_at_k")
     _check_answers(answers, num_problems, n, "maj_at_k")
@@ -241,7 +242,7 @@ def best_of_k(answers: Sequence[Sequence[str | None]], scores: np.ndarray, corre
     Returns:
       float in [0, 1], mean over the P problems.
     """
-    arr = _check_correct(correct, "best_of_k")
+    arr = check_correct(correct, "best_of_k")
     num_problems, n = arr.shape
     sc = np.asarray(scores, dtype=np.float64)
     if sc.shape != arr.shape:
@@ -312,7 +313,7 @@ def accuracy_curve(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
     Returns {"k": ks, "pass@k": [...], "maj@k": [...]} and, when `scores` is given,
     "best_of@k": [...]; one value per k (default `curve_ks(n)`).
     """
-    arr = _check_correct(correct, "accuracy_curve")
+    arr = check_correct(correct, "accuracy_curve")
     n = arr.shape[1]
     ks = curve_ks(n) if ks is None else sorted({_check_k(k, n, "accuracy_curve") for k in ks})
     out: dict[str, list] = {"k": list(ks),
@@ -392,7 +393,7 @@ def seed_metrics(correct: np.ndarray, answers: Sequence[Sequence[str | None]],
        "maj@k" for each k in ks with 1 < k <= n, "best_of@k" likewise when scores are given,
        "mean_length": mean of lengths}.
     """
-    arr = _check_correct(correct, "seed_metrics")
+    arr = check_correct(correct, "seed_metrics")
     lens = np.asarray(lengths)
     if lens.shape != arr.shape:
         raise ValueError(f"seed_metrics: lengths shape {lens.shape} != correct shape {arr.shape}")
