@@ -1,5 +1,6 @@
-"""Extension points cannot lie: an advantage estimator and a loss aggregation that exist only in
-this test, registered with the public functions, give the reference's values on every backend
+"""Extension points cannot lie: an advantage estimator, a loss aggregation, a KL estimator and a
+policy-loss mode that exist only in this test, registered with the public functions, give the
+reference's values on every backend
 (reference; Pallas, interpreted on CPU; "auto" for a TPU and a GPU target, whose kernels this
 host cannot run) by falling back to the jnp reference with a log line once per (kernel,
 reason), and every kernel called directly refuses them instead of computing a neighbour."""
@@ -19,14 +20,19 @@ from jaxrl_reason.rl.advantages import (
     group_advantages,
     register_advantage_estimator,
 )
+from jaxrl_reason.rl.loss_modes import POLICY_LOSS_MODES, register_policy_loss_mode
 from jaxrl_reason.rl.losses import (
+    KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     policy_loss,
+    register_kl_estimator,
     register_loss_aggregation,
 )
 
 ESTIMATOR = "test_only_median_baseline"
 AGGREGATION = "test_only_sum_over_rows"
+KL = "test_only_abs_log_ratio"
+MODE = "test_only_reinforce"
 EPS = dict(epsilon_low=0.2, epsilon_high=0.28)
 LOGGER = "jaxrl_reason.rl.backends"
 # (backend, platform target or None): every way a request can reach a kernel.
@@ -44,12 +50,26 @@ def _sum_over_rows(values, mask, max_completion_length, num_tokens_global, num_s
     return jnp.sum(values * mask) / mask.shape[0]
 
 
+def _abs_log_ratio(logp, ref_logp):
+    """|logp - ref_logp| per token (no kernel implements it)."""
+    return jnp.abs(logp - ref_logp)
+
+
+def _reinforce(logp, old_logp, adv, mask, *, epsilon_low, epsilon_high, clip_ratio_c):
+    """Plain REINFORCE, -A * logp per token, no ratio metrics (no kernel implements it)."""
+    del old_logp, mask, epsilon_low, epsilon_high, clip_ratio_c
+    return -adv * logp, {}
+
+
 @pytest.fixture
 def test_only_names():
     register_advantage_estimator(ESTIMATOR, _median_center)
     register_loss_aggregation(AGGREGATION, _sum_over_rows)
+    register_kl_estimator(KL, _abs_log_ratio)
+    register_policy_loss_mode(MODE, _reinforce)
     yield
     del ADVANTAGE_ESTIMATORS[ESTIMATOR], LOSS_AGGREGATIONS[AGGREGATION]
+    del KL_ESTIMATORS[KL], POLICY_LOSS_MODES[MODE]
 
 
 def _route(backend, target, fn):
@@ -114,22 +134,23 @@ def _loss_inputs(seed, b=6, length=24):
                 ref_logp=jnp.asarray(logp + rng.normal(0, 0.3, (b, length)), jnp.float32))
 
 
-def test_registered_loss_aggregation_gives_the_reference_on_every_backend(test_only_names,
-                                                                         caplog):
+@pytest.mark.parametrize("option,name", [("loss_type", AGGREGATION), ("kl_estimator", KL),
+                                         ("policy_loss_mode", MODE)])
+def test_registered_loss_options_give_the_reference_on_every_backend(test_only_names, caplog,
+                                                                     option, name):
     caplog.set_level(logging.INFO, logger=LOGGER)
     x = _loss_inputs(0)
-    options = dict(loss_type=AGGREGATION, beta=0.05, kl_estimator="k3", **EPS)
+    options = {"loss_type": "grpo", "beta": 0.05, "kl_estimator": "k3", **EPS, option: name}
 
     def loss_and_grad(fn, **extra):
         def f(logp):
             return fn(logp, x["old_logp"], x["advantages"], x["mask"], ref_logp=x["ref_logp"],
-                      **{**options, **extra})
+                      max_completion_length=24, **{**options, **extra})
         return jax.value_and_grad(f, has_aux=True)(x["logp"])
 
     (want, want_metrics), want_grad = loss_and_grad(policy_loss)
-    for neighbour in sorted(policy_loss_kernel.SUPPORTS["loss_type"]):
-        (other, _), _ = loss_and_grad(policy_loss, loss_type=neighbour,
-                                      max_completion_length=24)
+    for neighbour in sorted(policy_loss_kernel.SUPPORTS[option]):
+        (other, _), _ = loss_and_grad(policy_loss, **{option: neighbour})
         assert not np.isclose(other, want), neighbour  # a kernel guessing would be caught
     for backend, target in ROUTES:
         (got, metrics), grad = _route(backend, target, lambda b: loss_and_grad(
@@ -138,15 +159,18 @@ def test_registered_loss_aggregation_gives_the_reference_on_every_backend(test_o
         assert set(metrics) == set(want_metrics)
         np.testing.assert_array_equal(grad, want_grad, err_msg=f"{backend} / {target}")
 
-    lines = _fallback_lines(caplog, AGGREGATION)
+    lines = _fallback_lines(caplog, name)
     assert len(lines) == 2, lines
     assert lines[0].startswith("policy_loss falls back to the jnp reference")
     assert lines[1].startswith("policy_loss_gpu falls back to the jnp reference")
+    assert f"{option}={name!r}" in lines[0]
 
+    if option == "policy_loss_mode":  # the kernels take no mode: they are "ppo" by signature
+        return
     for kernel in (policy_loss_kernel, policy_loss_gpu):  # called directly: refused
-        with pytest.raises(ValueError, match=f"does not implement loss_type='{AGGREGATION}'"):
+        with pytest.raises(ValueError, match=f"does not implement {option}='{name}'"):
             kernel.policy_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"],
-                               interpret=True, **{**options, "beta": 0.0})
+                               ref_logp=x["ref_logp"], interpret=True, **options)
 
 
 def test_registries_refuse_to_replace_a_name():
