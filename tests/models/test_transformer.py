@@ -11,6 +11,7 @@ from jaxrl_reason import models, sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer, einsum_f32
 from jaxrl_reason.sampling.sampler import positions_from_valid
+from numerics import abs_matmul_magnitude, decoder_tolerance, f32_tolerance
 
 RULES = shd.DEFAULT_RULES
 
@@ -170,7 +171,7 @@ def test_causality(forward):
     assert not np.allclose(np.asarray(a[:, 5:]), np.asarray(b[:, 5:]), atol=1e-3)
 
 
-def test_left_padding_invariance(forward):
+def test_left_padding_invariance(model_and_params, forward):
     prompt = np.asarray(_random_tokens(1, (5,)))
     # Row 0: no padding. Row 1: three left pads holding junk tokens (must be masked out).
     tokens_a = jnp.asarray(prompt[None], jnp.int32)
@@ -179,9 +180,10 @@ def test_left_padding_invariance(forward):
     valid_b = jnp.asarray([[False] * 3 + [True] * 5])
     logits_a = forward(tokens_a, positions_from_valid(valid_a), valid_a)
     logits_b = forward(tokens_b, positions_from_valid(valid_b), valid_b)
-    np.testing.assert_allclose(np.asarray(logits_b[:, 3:]), np.asarray(logits_a), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(logits_b[0, -1]), np.asarray(logits_a[0, -1]),
-                               atol=1e-5)
+    # Attention over 5 vs 8 slots (3 masked) sums in another order (tests/numerics.py).
+    atol = decoder_tolerance(model_and_params[0].cfg, model_and_params[1], tokens=8)
+    np.testing.assert_allclose(np.asarray(logits_b[:, 3:]), np.asarray(logits_a), rtol=0,
+                               atol=atol)
 
 
 def test_kv_cache_prefill_then_decode_matches_full_forward(model_and_params, forward):
@@ -192,6 +194,8 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(model_and_params, for
     valid = jnp.asarray([[True] * total, [False, False] + [True] * (total - 2)])
     positions = positions_from_valid(valid)
     full = forward(tokens, positions, valid)
+    # Cached prefill/decode vs one full forward: other attention lengths and shapes.
+    atol = decoder_tolerance(model.cfg, params, tokens=total)
 
     apply = jax.jit(lambda t, p, kv, c, i: model.apply({"params": params}, t, p, kv, c, i))
     cache = models.init_cache(model.cfg, batch, total)
@@ -201,14 +205,15 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(model_and_params, for
     assert len(cache) == model.cfg.n_layers
     assert cache[0]["k"].shape == (batch, model.cfg.n_kv_heads, total, model.cfg.head_dim)
     np.testing.assert_allclose(np.asarray(logits[1, 2:]), np.asarray(full[1, 2:prefix]),
-                               atol=1e-5)
-    np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(full[0, :prefix]), atol=1e-5)
+                               rtol=0, atol=atol)
+    np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(full[0, :prefix]), rtol=0,
+                               atol=atol)
     for slot in range(prefix, total):
         key_valid = key_valid.at[:, slot].set(True)
         step, cache = apply(tokens[:, slot:slot + 1], positions[:, slot:slot + 1], key_valid,
                             cache, jnp.int32(slot))
-        np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, slot]), atol=1e-5,
-                                   err_msg=f"slot {slot}")
+        np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(full[:, slot]), rtol=0,
+                                   atol=atol, err_msg=f"slot {slot}")
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -239,15 +244,20 @@ def test_completion_logprobs_match_manual_gather(model_and_params, forward, temp
     want = np.take_along_axis(logprobs, np.asarray(completion)[..., None], -1)[..., 0]
     want_entropy = -(np.exp(logprobs) * logprobs).sum(-1)
     m = np.asarray(mask)
-    np.testing.assert_allclose(np.asarray(logp), want * m, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(entropy), want_entropy * m, atol=1e-4)
+    # Scoring's forward vs the plain one (float64 after the logits): other summation orders.
+    atol = decoder_tolerance(model.cfg, params, tokens=prompt_len + length,
+                             temperature=temperature)
+    np.testing.assert_allclose(np.asarray(logp), want * m, rtol=0, atol=atol)
+    np.testing.assert_allclose(np.asarray(entropy), want_entropy * m, rtol=0,
+                               atol=atol * np.log(model.cfg.vocab_size))
     assert np.all(np.asarray(logp)[m == 0] == 0) and np.all(np.asarray(logp)[m == 1] < 0)
 
     if temperature != 1.0:  # with_entropy=False once (an eager call is slow)
         no_entropy = scoring.completion_logprobs(model, params, prompt_tokens, prompt_valid,
                                                  completion, mask, temperature=temperature,
                                                  with_entropy=False)
-        np.testing.assert_allclose(np.asarray(no_entropy[0]), np.asarray(logp), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(no_entropy[0]), np.asarray(logp), rtol=0,
+                                   atol=atol)  # eager vs jit: other fusions
         assert np.all(np.asarray(no_entropy[1]) == 0)
 
 
@@ -285,7 +295,10 @@ def test_einsum_f32_returns_float32_and_keeps_backward_matmuls_in_bf16():
     out = einsum_f32("btd,dv->btv", a, b)
     want = jnp.einsum("btd,dv->btv", a.astype(jnp.float32), b.astype(jnp.float32))
     assert out.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6, atol=1e-6)
+    # bf16 products are exact in float32; only the length-8 sums' order may differ.
+    magnitude = abs_matmul_magnitude(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=0,
+                               atol=f32_tolerance(8, magnitude))
     ga, gb = jax.grad(loss, argnums=(0, 1))(a, b)
     assert ga.dtype == gb.dtype == jnp.bfloat16
     want_ga, want_gb = jax.grad(loss, argnums=(0, 1))(a.astype(jnp.float32),
@@ -370,12 +383,24 @@ def test_narrow_transpose_matmul_equals_matmul_values_and_gradients(x_shape, w_s
     w = jax.random.normal(jax.random.key(1), w_shape)
     cot = jax.random.normal(jax.random.key(2), jnp.matmul(x, w).shape)
     loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b)) * cot)  # noqa: E731
-    np.testing.assert_allclose(narrow_transpose_matmul(x, w), jnp.matmul(x, w), rtol=1e-6)
+    # Transposed layouts sum in other orders: the float32 bound of each product's length
+    # and terms (tests/numerics.py). The gradients chain the forward's error (through
+    # tanh, |tanh''| <= 1) into the cotangent, then a second product.
+    xn, wn, cn = (np.asarray(a, np.float64) for a in (x, w, cot))
+    fwd_terms = np.abs(xn) @ np.abs(wn)
+    np.testing.assert_allclose(narrow_transpose_matmul(x, w), jnp.matmul(x, w), rtol=0,
+                               atol=f32_tolerance(x_shape[-1], float(fwd_terms.max())))
     got = jax.jit(jax.grad(loss(narrow_transpose_matmul), argnums=(0, 1)))(x, w)
     want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
-    for a, b in zip(got, want):
+    dy = np.abs(cn) * (1.0 + fwd_terms * f32_tolerance(x_shape[-1], 1.0))  # |d tanh| <= 1
+    grad_terms = (np.abs(dy) @ np.swapaxes(np.abs(wn), -1, -2),  # dx = dy w^T
+                  np.swapaxes(np.abs(xn), -1, -2) @ np.abs(dy))  # dw = x^T dy (summed rows)
+    lengths = (w_shape[-1], int(np.prod(x_shape[:-1])) // int(np.prod(w_shape[:-2]) or 1))
+    for a, b, terms, n in zip(got, want, grad_terms, lengths):
         assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        terms = terms.sum(0) if terms.ndim > a.ndim else terms
+        np.testing.assert_allclose(a, b, rtol=0, atol=f32_tolerance(max(n, x_shape[-1]),
+                                                                    float(terms.max()), chain=2))
 
 
 @pytest.mark.parametrize("softcap", [None, 20.0])
@@ -396,6 +421,21 @@ def test_cpu_attention_layout_equals_the_einsum_form_values_and_gradients(softca
     got = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
     with platform.target("tpu"):
         want = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    # Two layouts, two summation orders (tests/numerics.py). An output entry: the scores
+    # (length hd, terms sum |q k| / sqrt(hd), which scale the weights of v), the softmax and
+    # the weighted sum (length s, terms <= max |v|); the loss sums b*t*kv*g*hd of them
+    # times the cotangent. Gradients: the transposed chain, norm-wise (relative to the
+    # largest entry), over the longest backward sum (t * g rows into dk, dv).
+    score_terms = float(jnp.einsum("btkgd,bskd->bkgts", jnp.abs(q), jnp.abs(k)).max()
+                        / np.sqrt(hd))
+    entry = f32_tolerance(max(hd, s), float(jnp.abs(v).max()) * (1.0 + 2.0 * score_terms),
+                          chain=3)
+    total = q.size
+    loss_terms = float(jnp.sum(jnp.abs(cot))) * (float(jnp.abs(v).max()) + entry)
+    np.testing.assert_allclose(got[0], want[0], rtol=0,
+                               atol=float(jnp.sum(jnp.abs(cot))) * entry
+                               + f32_tolerance(total, loss_terms))
+    largest = max(float(jnp.abs(x).max()) for x in want[1])
+    grad_atol = f32_tolerance(max(hd, s, t * g), largest * (1.0 + 2.0 * score_terms), chain=6)
     for a, w in zip(got[1], want[1]):
-        np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a, w, rtol=0, atol=grad_atol)
