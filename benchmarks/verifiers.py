@@ -16,8 +16,13 @@ equations, about half of them wrong. Then, for each thread count W:
     million-character completion, 10^4 nested braces, `(10^{9999})^{9999}`, which passes
     the static guards and is cut at the deadline).
 
-Sympy worker start-up is measured first (cold) and reported on its own line. The verdicts
-are checked against the known labels, so a regression in correctness also shows up here.
+Each of the above runs once per `--isolation` mode, in the same process: "off" (the sympy
+zygotes run as the trainer's own user, no namespaces) and "bwrap" (the default: each zygote
+under bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces). Both fork
+one job per sympy comparison and build sympy objects from a syntax tree. Per mode, the
+zygotes' start-up (cold) and the rate of raw sympy comparisons (`SympyPool.compare` on
+distinct pairs from 2 threads, no string fast paths) are reported too. The verdicts are
+checked against the known labels, so a regression in correctness also shows up here.
 """
 from __future__ import annotations
 
@@ -131,6 +136,61 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def _raw_rate(sympy_pool, n: int, threads: int) -> float:
+    """Sympy comparisons per second through `sympy_pool` from `threads` threads, on `n`
+    distinct pairs of the worker's expression language (half equal, half not)."""
+    pairs = [(f"(({i})/(7)) x + sqrt({i % 50 + 2})", f"x {i}/7 + sqrt({i % 50 + 2 + i % 2})")
+             for i in range(n)]
+    verdicts: list = []
+
+    def run(part):
+        for a, b in part:
+            verdicts.append(sympy_pool.compare(a, b, timeout_s=30.0))
+
+    workers = [threading.Thread(target=run, args=(pairs[k::threads],)) for k in range(threads)]
+    t0 = time.perf_counter()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    rate = n / (time.perf_counter() - t0)
+    if verdicts.count(True) != (n + 1) // 2 or verdicts.count(False) != n // 2:
+        raise RuntimeError(f"raw sympy verdicts wrong: {verdicts.count(True)} equal of {n}")
+    return rate
+
+
+def _run_workers(pool_cls, workers: int, args, clean, hostile, latencies: list) -> dict:
+    """One row: clean-batch rate and latency, then the adversarial batch, at W threads."""
+    with pool_cls({"correctness_timed": 1.0}, num_workers=workers,
+                  timeout_s=args.pool_timeout) as pool:
+        pool.score([c for c, _, _ in clean[:32]], [e for _, e, _ in clean[:32]])  # warm-up
+        latencies.clear()
+        rates = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            result = pool.score([c for c, _, _ in clean], [e for _, e, _ in clean])
+            rates.append(len(clean) / (time.perf_counter() - t0))
+        clean_lat = list(latencies)
+        scores = result.components["correctness_timed"]
+        mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in zip(scores, clean))
+        t0 = time.perf_counter()
+        bad = pool.score([c for c, _, _ in hostile], [e for _, e, _ in hostile])
+        hostile_s = time.perf_counter() - t0
+        bad_scores = bad.components["correctness_timed"]
+        bad_mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in
+                              zip(bad_scores, hostile) if want is not None)
+    return {
+        "workers": workers,
+        "answers_per_s": statistics.median(rates),
+        "p50_ms": 1e3 * statistics.median(clean_lat),
+        "p99_ms": 1e3 * _percentile(clean_lat, 0.99),
+        "mislabelled": mislabelled,
+        "adversarial_batch_s": hostile_s,
+        "adversarial_reasons": dict(bad.reasons),
+        "adversarial_mislabelled": bad_mislabelled,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
@@ -140,16 +200,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--adversarial-frac", type=float, default=0.05)
     parser.add_argument("--pool-timeout", type=float, default=60.0, help="RewardPool timeout_s")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--isolation", nargs="+", default=["off", "bwrap"],
+                        choices=["off", "bwrap"], help="sympy worker isolation modes to run")
+    parser.add_argument("--raw", type=int, default=400, help="pairs for the raw sympy rate")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    from jaxrl_reason.rewards import RewardPool, get_reward, register_reward
-    from jaxrl_reason.rewards._sympy_worker import get_pool
+    from jaxrl_reason.rewards import RewardPool, _sympy_worker, get_reward, register_reward
+    from jaxrl_reason.rewards._sympy_worker import SympyPool
     import_s = time.perf_counter() - start
-    start = time.perf_counter()
-    sympy_workers = get_pool().warm()
-    startup_s = time.perf_counter() - start
 
     correctness, latencies, lock = get_reward("correctness"), [], threading.Lock()
 
@@ -163,53 +223,40 @@ def main(argv: list[str] | None = None) -> dict:
 
     clean = build_items(args.clean, 0.0, args.seed)
     hostile = build_items(args.adversarial_batch, args.adversarial_frac, args.seed + 1)
-    rows = []
-    for workers in args.workers:
-        with RewardPool({"correctness_timed": 1.0}, num_workers=workers,
-                        timeout_s=args.pool_timeout) as pool:
-            pool.score([c for c, _, _ in clean[:32]], [e for _, e, _ in clean[:32]])  # warm-up
-            latencies.clear()
-            rates = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                result = pool.score([c for c, _, _ in clean], [e for _, e, _ in clean])
-                rates.append(len(clean) / (time.perf_counter() - t0))
-            clean_lat = list(latencies)
-            scores = result.components["correctness_timed"]
-            mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in zip(scores, clean))
-            t0 = time.perf_counter()
-            bad = pool.score([c for c, _, _ in hostile], [e for _, e, _ in hostile])
-            hostile_s = time.perf_counter() - t0
-            bad_scores = bad.components["correctness_timed"]
-            bad_mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in
-                                  zip(bad_scores, hostile) if want is not None)
-        rows.append({
-            "workers": workers,
-            "answers_per_s": statistics.median(rates),
-            "p50_ms": 1e3 * statistics.median(clean_lat),
-            "p99_ms": 1e3 * _percentile(clean_lat, 0.99),
-            "mislabelled": mislabelled,
-            "adversarial_batch_s": hostile_s,
-            "adversarial_reasons": dict(bad.reasons),
-            "adversarial_mislabelled": bad_mislabelled,
-        })
+    rows, modes = [], {}
+    for mode in args.isolation:
+        sympy_pool = SympyPool(isolate=mode == "bwrap")
+        _sympy_worker._POOL = sympy_pool  # what get_pool() hands the verifier
+        start = time.perf_counter()
+        ready = sympy_pool.warm()
+        modes[mode] = {"startup_s": time.perf_counter() - start, "workers": ready,
+                       "raw_compare_per_s": _raw_rate(sympy_pool, args.raw, threads=2)}
+        for workers in args.workers:
+            rows.append(dict(isolation=mode, **_run_workers(
+                RewardPool, workers, args, clean, hostile, latencies)))
+        sympy_pool.shutdown()
+        _sympy_worker._POOL = None
 
     n_bad = sum(want is None for _, _, want in hostile)
-    print(f"import {import_s:.2f} s; sympy start-up (cold, {sympy_workers} workers) "
-          f"{startup_s:.2f} s")
+    print(f"import {import_s:.2f} s")
+    for mode, m in modes.items():
+        print(f"isolation {mode}: sympy start-up (cold, {m['workers']} workers) "
+              f"{m['startup_s']:.2f} s; raw sympy comparisons {m['raw_compare_per_s']:.0f}/s "
+              f"(2 threads, {args.raw} distinct pairs)")
     print(f"clean batch: {len(clean)} items x {args.repeats}; adversarial batch: "
           f"{len(hostile)} items, {n_bad} adversarial\n")
-    print(f"| threads W | answers/s | p50 ms | p99 ms | wrong verdicts | {len(hostile)}-batch "
-          f"w/ {n_bad} adversarial (s) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| isolation | threads W | answers/s | p50 ms | p99 ms | wrong verdicts | "
+          f"{len(hostile)}-batch w/ {n_bad} adversarial (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['workers']} | {r['answers_per_s']:.0f} | {r['p50_ms']:.1f} "
+        print(f"| {r['isolation']} | {r['workers']} | {r['answers_per_s']:.0f} | {r['p50_ms']:.1f} "
               f"| {r['p99_ms']:.1f} | {r['mislabelled']} + {r['adversarial_mislabelled']} "
               f"| {r['adversarial_batch_s']:.2f} |")
     for r in rows:
-        print(f"W={r['workers']} adversarial-batch reasons: {r['adversarial_reasons']}")
-    out = {"import_s": import_s, "sympy_startup_s": startup_s, "sympy_workers": sympy_workers,
-           "clean_items": len(clean), "adversarial_items": n_bad, "rows": rows}
+        print(f"{r['isolation']} W={r['workers']} adversarial-batch reasons: "
+              f"{r['adversarial_reasons']}")
+    out = {"import_s": import_s, "isolation": modes, "clean_items": len(clean),
+           "adversarial_items": n_bad, "rows": rows}
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2))
     return out

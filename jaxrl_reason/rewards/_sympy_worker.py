@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import atexit
 import cmath
+import collections
+import gc
 import json
 import os
 import select
@@ -52,6 +54,7 @@ _STARTUP_TIMEOUT_S = 30.0
 # stuck until its deadline on a small host does not make the other threads wait for a slot.
 _MAX_WORKERS = min(4, (os.cpu_count() or 1) + 2)
 _MEMORY_BYTES = 4 * 2**30  # address space of a worker and of each of its jobs
+_CACHE_SIZE = 1 << 16  # verdicts remembered by the parent (see `SympyPool.compare`)
 _REPLY_GRACE_S = 0.5  # the zygote ends a job at its deadline; past this grace it is killed
 # Run this file by path without putting its directory (which holds `math.py`) on sys.path.
 _BOOTSTRAP = (
@@ -216,6 +219,7 @@ def _job(req: dict, own_pid_ns: bool) -> bool | None:
             os.closerange(3, w)
             os.closerange(w + 1, 4096)
             os.setpgid(0, 0)
+            gc.disable()  # the job is short-lived: no collection touching inherited pages
             verdict = b"T" if _child_compare(str(req["a"]), str(req["b"]), str(req["mode"]),
                                              float(req["atol"])) else b"F"
         except BaseException:  # any parse/simplify failure means "not shown equal"
@@ -271,6 +275,8 @@ def _child_main() -> None:
                 pass
     own_pid_ns = "--own-pid-ns" in sys.argv[1:]
     _undumpable()
+    gc.collect()
+    gc.freeze()  # forked jobs neither scan nor copy the warmed-up heap
     out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()
@@ -398,6 +404,7 @@ class SympyPool:
         self._all: set[_Worker] = set()
         self._closed = False
         self._served = False  # whether any worker has been ready yet
+        self._verdicts: collections.OrderedDict = collections.OrderedDict()
 
     def compare(
         self, a: str, b: str, mode: str = "expr", atol: float = 0.0, timeout_s: float = 5.0
@@ -405,8 +412,26 @@ class SympyPool:
         """Compare two expression strings in a worker (modes: see the module docstring).
 
         Returns True/False, or None when the deadline (`timeout_s` of wall time) passed
-        first; a worker still computing is then killed and replaced.
+        first; a worker still computing is then killed and replaced. A verdict is a pure
+        function of the request, so True/False verdicts are kept in an LRU cache of
+        `_CACHE_SIZE` requests (the jobs' own sympy caches die with them).
         """
+        key = (a, b, mode, float(atol))
+        with self._lock:
+            if key in self._verdicts:
+                self._verdicts.move_to_end(key)
+                return self._verdicts[key]
+        verdict = self._compare(a, b, mode, atol, timeout_s)
+        if verdict is not None:
+            with self._lock:
+                self._verdicts[key] = verdict
+                if len(self._verdicts) > _CACHE_SIZE:
+                    self._verdicts.popitem(last=False)
+        return verdict
+
+    def _compare(self, a: str, b: str, mode: str, atol: float, timeout_s: float
+                 ) -> bool | None:
+        """One request to a worker (no cache)."""
         deadline = time.monotonic() + timeout_s
         if not self._slots.acquire(timeout=max(0.0, timeout_s)):
             return None
