@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 __all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude",
-           "logit_terms_bound", "decoder_tolerance", "decoder_grad_tolerance"]
+           "logit_terms_bound", "rms_projection_bound", "decoder_tolerance",
+           "decoder_grad_tolerance"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -102,22 +103,40 @@ def abs_matmul_magnitude(x, w) -> float:
 def logit_terms_bound(cfg, params) -> float:
     """An upper bound of sum_i |h_i W_ij| over every logit of a decoder, from its params.
 
-    The final RMSNorm's output has ||h||_2 <= sqrt(d_model) * max |scale| (1 + scale with
-    `norm_plus_one`), so by Cauchy-Schwarz sum_i |h_i W_ij| <= ||h||_2 * max_j ||W_:j||_2
-    over the unembedding's columns. A final soft-cap only shrinks the logits.
+    `rms_projection_bound` of the final norm and the unembedding; a final soft-cap only
+    shrinks the logits.
 
     Args:
       cfg: the `ModelConfig`; params: its params (a dict of arrays, as `init_params` gives).
     Returns:
       python float.
     """
-    scale = np.abs(np.asarray(params["final_norm"]["scale"], np.float64)
-                   + (1.0 if cfg.norm_plus_one else 0.0)).max()
     if cfg.tie_embeddings:
-        columns = np.asarray(params["embedding"], np.float64)  # [V, D]: row j is column j
+        kernel = np.asarray(params["embedding"], np.float64).T  # [D, V]
     else:
-        columns = np.asarray(params["lm_head"], np.float64).T
-    return float(np.sqrt(cfg.d_model) * scale * np.sqrt((columns ** 2).sum(-1)).max())
+        kernel = params["lm_head"]
+    return rms_projection_bound(params["final_norm"]["scale"], kernel,
+                                plus_one=cfg.norm_plus_one)
+
+
+def rms_projection_bound(scale, kernel, *, plus_one: bool = False) -> float:
+    """An upper bound of sum_i |h_i W_i...| for h = RMSNorm(x) of width d projected by W.
+
+    ||h||_2 <= sqrt(d) * max |scale| (1 + scale with `plus_one`), and by Cauchy-Schwarz
+    sum_i |h_i W_ij| <= ||h||_2 * ||W_:j||_2.
+
+    Args:
+      scale: the norm's scale [d]; kernel: [d, ...] (trailing dims are the outputs).
+    Returns:
+      python float.
+    """
+    scale = np.asarray(scale, np.float64) + (1.0 if plus_one else 0.0)
+    kernel = np.asarray(kernel, np.float64)
+    kernel = kernel.reshape(kernel.shape[0], -1)
+    if kernel.shape[0] != scale.shape[-1]:
+        raise ValueError(f"rms_projection_bound: scale {scale.shape} vs kernel {kernel.shape}")
+    return float(np.sqrt(scale.shape[-1]) * np.abs(scale).max()
+                 * np.sqrt((kernel ** 2).sum(0)).max())
 
 
 def decoder_tolerance(cfg, params, *, tokens: int, temperature: float = 1.0,
