@@ -313,18 +313,26 @@ class _Worker:
         here = os.path.dirname(os.path.abspath(__file__))
         files = [os.path.join(here, name) for name in ("_sympy_worker.py", "_sympy_tree.py")]
         argv = [sys.executable, "-I", "-c", _BOOTSTRAP, files[0]]
-        env = None
+        env, seccomp = None, None
         if isolate:
             from jaxrl_reason.rewards import isolation  # parent side only
+
+            seccomp = isolation.seccomp_fd()
 
             limits = isolation.rlimit_args(_MEMORY_BYTES, 3600, 2**20, 64, 512)
             # Not --die-with-parent: a worker outlives the pool thread that started it; it
             # ends on stdin EOF, and its pid namespace with it.
             argv = isolation.sandbox_command(argv + ["--own-pid-ns"], files=files,
-                                             rlimits=limits, die_with_parent=False)
+                                             rlimits=limits, die_with_parent=False,
+                                             seccomp=seccomp)
             env = isolation.sandbox_env()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, env=env,
+                                         pass_fds=() if seccomp is None else (seccomp,))
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         self.jobs = 0
         self._buf = b""
         self.ready = False

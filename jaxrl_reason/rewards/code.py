@@ -5,7 +5,8 @@ OS sandbox of `isolation.py` (bubblewrap: a fresh unprivileged uid with no capab
 `no_new_privs` when the trainer is root, else an unprivileged user namespace; new pid,
 network, ipc and mount namespaces; a read-only view of /usr and the Python installation; a
 private writable /tmp as cwd, HOME and TMPDIR; rlimits on address space, CPU, file size,
-open files and, with a dedicated uid, processes). The code can do anything Python allows inside
+open files and, with a dedicated uid, processes; on x86-64 a seccomp filter denying ptrace,
+namespaces, mounts, non-AF_UNIX sockets and other kernel attack surface). The code can do anything Python allows inside
 that view: nothing it does reaches the trainer's files, processes or network, and every
 process it starts dies when the run ends (its pid namespace is torn down). The solution file
 is the only file of the run the sandbox can read; expected outputs and test files never
@@ -186,14 +187,14 @@ def sandbox_ready(allow_unsandboxed_unsafe: bool = False) -> bool:
 
 
 def _command(solution_dir: str, cfg: dict, limits: SandboxLimits, isolated: bool,
-             info_fd: int) -> list[str]:
+             info_fd: int, seccomp: int | None) -> list[str]:
     cpu = max(1, math.ceil(limits.cpu_s))
     rlimits = isolation.rlimit_args(limits.memory_bytes, cpu, limits.file_bytes,
                                     limits.open_files, limits.max_processes)
     argv = [sys.executable, "-I", "-S", "-B", "-X", "utf8", _HARNESS, json.dumps(cfg)]
     if isolated:
         return isolation.sandbox_command(argv, files=[solution_dir, _HARNESS], rlimits=rlimits,
-                                         info_fd=info_fd)
+                                         info_fd=info_fd, seccomp=seccomp)
     return (["prlimit", *rlimits, "--"] if shutil.which("prlimit") else []) + argv
 
 
@@ -233,6 +234,7 @@ def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = Non
     tmp = tempfile.mkdtemp(prefix="jaxrl_code_")
     status_r, status_w = os.pipe()
     info_r, info_w = os.pipe()
+    seccomp = isolation.seccomp_fd() if isolated else None
     try:
         os.chmod(tmp, 0o755)
         solution = os.path.join(tmp, "solution.py")
@@ -244,12 +246,13 @@ def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = Non
             stdin_file.write(stdin.encode("utf-8", "replace"))
             stdin_file.seek(0)
             proc = subprocess.Popen(
-                _command(tmp, cfg, limits, isolated, info_w), stdin=stdin_file,
+                _command(tmp, cfg, limits, isolated, info_w, seccomp), stdin=stdin_file,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd="/" if isolated else tmp,
                 env=isolation.sandbox_env() if isolated else {
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"},
-                pass_fds=(status_w, info_w), start_new_session=True)
+                pass_fds=tuple(fd for fd in (status_w, info_w, seccomp) if fd is not None),
+                start_new_session=True)
         for fd in (status_w, info_w):
             os.close(fd)
         status_w = info_w = -1
@@ -274,7 +277,7 @@ def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = Non
                 pass
             proc.wait()
     finally:
-        for fd in (status_r, status_w, info_r, info_w):
+        for fd in (status_r, status_w, info_r, info_w, -1 if seccomp is None else seccomp):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(tmp, ignore_errors=True)

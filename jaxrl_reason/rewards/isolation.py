@@ -20,9 +20,15 @@
   capability dropped (`--cap-drop ALL`), `no_new_privs` (bwrap sets it) and no nested user
   namespaces (`--disable-userns`).
 
-`available()` says whether this works on the host (checked once, by running `true` inside).
-There is no seccomp filter: no maintained libseccomp binding is a dependency of the package;
-the namespaces, the uid and the missing capabilities are the boundary.
+On x86-64 a seccomp filter (classic BPF built by `seccomp_program`, handed to bwrap's
+`--seccomp`) makes these fail with EPERM: ptrace, process_vm_readv/writev, bpf,
+perf_event_open, userfaultfd, keyctl/add_key/request_key, unshare, setns, mount/umount2,
+pivot_root, chroot, module and kexec loading, open_by_handle_at/name_to_handle_at, io_uring,
+socket families other than AF_UNIX, clone with any CLONE_NEW* flag (clone3 answers ENOSYS so
+libc falls back to clone), and every x32-ABI syscall; another architecture kills the process.
+No libseccomp binding is a dependency: the filter is a deny list of a few dozen instructions
+checked by the tests in `tests/security/`. `available()` says whether all this works on the
+host (checked once, by running Python inside).
 """
 from __future__ import annotations
 
@@ -50,12 +56,17 @@ def available() -> bool:
         return False
     if os.geteuid() == 0 and not shutil.which("setpriv"):
         return False
+    fd = seccomp_fd()
     try:
-        done = subprocess.run(sandbox_command([sys.executable, "-I", "-S", "-c", "pass"]),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=sandbox_env(), timeout=30)
+        done = subprocess.run(
+            sandbox_command([sys.executable, "-I", "-S", "-c", "pass"], seccomp=fd),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=sandbox_env(), timeout=30, pass_fds=() if fd is None else (fd,))
     except (OSError, subprocess.SubprocessError):
         return False
+    finally:
+        if fd is not None:
+            os.close(fd)
     return done.returncode == 0
 
 
@@ -106,13 +117,69 @@ def rlimit_args(memory_bytes: int, cpu_s: int, file_bytes: int, open_files: int,
     return out
 
 
+# x86-64 syscall numbers denied with EPERM (see the module docstring)
+_DENIED_X86_64 = {
+    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321,
+    "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248,
+    "request_key": 249, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
+    "pivot_root": 155, "chroot": 161, "init_module": 175, "finit_module": 313,
+    "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320,
+    "open_by_handle_at": 304, "name_to_handle_at": 303, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "fsopen": 430, "fsmount": 432,
+    "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "acct": 163, "quotactl": 179, "lookup_dcookie": 212, "vhangup": 153,
+}
+_SOCKET, _CLONE, _CLONE3 = 41, 56, 435
+_CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_AUDIT_ARCH_X86_64 = 0xC000003E
+
+
+def seccomp_program() -> bytes | None:
+    """The filter (an array of `struct sock_filter`, native byte order) for bwrap's
+    `--seccomp`, or None on a machine other than x86-64."""
+    import platform
+    import struct
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    ld, jeq, jge, and_, ret = 0x20, 0x15, 0x35, 0x54, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH_X86_64), (ret, 0, 0, kill),
+            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 ABI
+    for nr in sorted(_DENIED_X86_64.values()):
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, _CLONE3), (ret, 0, 0, enosys)]
+    prog += [(jeq, 0, 5, _CLONE), (ld, 0, 0, 16), (and_, 0, 0, _CLONE_NEW_FLAGS),
+             (jeq, 0, 1, 0), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 3, _SOCKET), (ld, 0, 0, 16), (jeq, 1, 0, 1), (ret, 0, 0, eperm),
+             (ret, 0, 0, allow)]
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
+
+
+def seccomp_fd() -> int | None:
+    """A readable descriptor holding `seccomp_program()` for one sandbox start (pass it in
+    `pass_fds` and to `sandbox_command`, close it after the start), or None."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    r, w = os.pipe()
+    try:
+        os.write(w, program)  # a few hundred bytes: fits the pipe buffer
+    finally:
+        os.close(w)
+    return r
+
+
 def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
                     rlimits: Sequence[str] = (), chdir: str = "/tmp",
-                    info_fd: int | None = None, die_with_parent: bool = True) -> list[str]:
+                    info_fd: int | None = None, die_with_parent: bool = True,
+                    seccomp: int | None = None) -> list[str]:
     """`argv` wrapped in bwrap + prlimit (+ setpriv as root), as described in the module
     docstring. `files`: absolute paths (files or directories) bound read-only at their own
     path; `rlimits`: `prlimit` options (see `rlimit_args`); `info_fd`: a descriptor (passed
-    to the child) on which bwrap writes `{"child-pid": N}`, for `kill_sandbox`. Start it with
+    to the child) on which bwrap writes `{"child-pid": N}`, for `kill_sandbox`; `seccomp`: a
+    descriptor from `seccomp_fd()` (passed to the child). Start it with
     `sandbox_env()`. `die_with_parent=False` for a long-lived sandbox started from a thread
     that may exit first (the kernel's parent-death signal follows the creating thread): it
     must then end itself when its stdin closes."""
@@ -126,6 +193,8 @@ def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
         cmd.append("--die-with-parent")
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
+    if seccomp is not None:
+        cmd += ["--seccomp", str(seccomp)]
     if not root:
         cmd += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     cmd += ["--ro-bind", "/usr", "/usr"]

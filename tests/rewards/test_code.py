@@ -35,15 +35,19 @@ def fenced(code):
 
 
 def sandbox_processes():
-    """Pids of live processes that run as a sandbox uid (`isolation.UID_BASE` and up)."""
+    """Pids of live processes that run as a sandbox uid (`isolation.UID_BASE` and up), but
+    the math verifier's long-lived workers."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/status") as f:
                 uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
         except (OSError, StopIteration, ValueError):
             continue
-        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT:
+        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT and \
+                b"_sympy_worker" not in cmdline:
             pids.append(int(pid))
     return pids
 

@@ -88,9 +88,12 @@ def test_setsid_grandchild_does_not_outlive_the_run(tmp_path):
         try:
             with open(f"/proc/{pid}/status") as f:
                 uid = int(f.read().split("Uid:")[1].split()[0])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                sympy_worker = b"_sympy_worker" in f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT:
+        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT and \
+                not sympy_worker:
             live.append(pid)
     assert live == []
 
@@ -223,3 +226,28 @@ def test_refuses_without_sandbox_unless_unsafe_flag(monkeypatch):
         out = code_reward(fenced("print(1)"), {"tests": [{"input": "", "output": "1"}]},
                           limits=FAST, allow_unsandboxed_unsafe=True)
     assert out.score == 1.0
+
+
+@pytest.mark.skipif(isolation.seccomp_program() is None, reason="seccomp filter is x86-64 only")
+@pytest.mark.parametrize("call", [
+    "socket.socket(socket.AF_INET)",
+    "socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)",
+    "socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)",
+    "ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0 or oops",
+    "ctypes.CDLL(None, use_errno=True).ptrace(16, 1, 0, 0) == 0 or oops",
+    "ctypes.CDLL(None, use_errno=True).mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0 or oops",
+])
+def test_seccomp_denies_kernel_attack_surface(call):
+    res = run_sandboxed(f"import ctypes, socket\nprint({call})", "", FAST)
+    assert res.status == "error", res
+    assert "PermissionError" in res.stderr_tail or "NameError" in res.stderr_tail
+
+
+def test_seccomp_keeps_ordinary_programs_working():
+    res = run_sandboxed("import os, socket, subprocess, threading\n"
+                        "a, b = socket.socketpair()\na.send(b'x')\n"
+                        "t = threading.Thread(target=print, args=(b.recv(1).decode(),))\n"
+                        "t.start()\nt.join()\n"
+                        "print(subprocess.run(['echo', 'hi'], capture_output=True).stdout)",
+                        "", FAST)
+    assert (res.status, res.stdout) == ("ok", "x\nb'hi\\n'\n"), res
