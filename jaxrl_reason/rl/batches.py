@@ -1,6 +1,7 @@
-"""The update batch of an RL step and how it is cut: the `Rollout` arrays, micro-batches
-(`to_micro` / `from_micro`), the rows worth training on (`select_train_rows`,
-`zero_variance_groups`) and DAPO's merge of several sampled batches (`merge_groups`).
+"""The update batch of an RL step and how it is cut: what the step collected (`Collected`),
+the `Rollout` arrays, micro-batches (`to_micro` / `from_micro`), the rows worth training on
+(`select_train_rows`, `zero_variance_groups`) and DAPO's merge of several sampled batches
+(`merge_groups`).
 Host-side functions take and return numpy arrays; `Rollout` holds arrays on the mesh."""
 
 from __future__ import annotations
@@ -36,6 +37,42 @@ class Rollout:
     def scoring_args(self) -> tuple[jax.Array, ...]:
         """The arguments of `completion_logprobs` after the params."""
         return self.prompt_tokens, self.prompt_valid, self.completion_tokens, self.mask
+
+
+@dataclasses.dataclass
+class Collected:
+    """What the collect phase of an RL step gathered (B examples, N = B * G samples), and
+    the device arrays made from it, each made once when a later phase first needs it.
+
+    examples: the B example dicts. host: `RLTrainer.generate`'s numpy dict (tokens int32
+    [N, Lmax], lengths int32 [N], truncated bool [N], sampler_logp f32 [N, Lmax],
+    prompt_tokens int32 [B, Tp], prompt_valid bool [B, Tp], `length` int, the training
+    length L). rewards: BatchRewards of the N rows (total f32 [N]), None until scored.
+    metrics: dynamic sampling's ({} without it). times: the phase times in seconds.
+    rollout: the update batch of all N rows, or None. ref_logp: the reference's log-probs
+    f32 [N, L] on the mesh (None without a reference). sampler_logp: f32 [N, L] on the mesh,
+    or None.
+    """
+    examples: list
+    host: dict
+    rewards: BatchRewards | None = None
+    metrics: dict = dataclasses.field(default_factory=dict)
+    times: dict = dataclasses.field(default_factory=dict)
+    rollout: Rollout | None = None
+    ref_logp: jax.Array | None = None
+    sampler_logp: jax.Array | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """N, the number of sampled rows."""
+        return len(self.host["lengths"])
+
+    def every_reward_nonfinite(self) -> bool:
+        """True when every row's reward was NaN/inf (the reward pool counts them in its
+        "<component>/nonfinite" reasons): there is nothing to learn from."""
+        nonfinite = sum(n for reason, n in self.rewards.reasons.items()
+                        if reason.endswith("/nonfinite"))
+        return nonfinite >= self.num_rows
 
 
 def to_micro(x: jax.Array, k: int, sharding=None) -> jax.Array:

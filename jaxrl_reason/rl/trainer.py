@@ -1,15 +1,22 @@
-"""The RL loop: sample -> score -> advantages -> update -> log, one screen per step.
+"""The RL loop: collect -> shape rewards -> advantages -> update batch -> update -> metrics.
 
-Algorithms (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++) differ only in the config fields that
-name the advantage estimator, its scale, the loss aggregation, the clip range and the KL
-estimator; there is one trainer.
+Algorithms (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, PPO) differ only in the config fields
+that name the advantage estimator (or PPO's critic), its scale, the loss aggregation, the clip
+range and the KL estimator; there is one trainer, and `RLTrainer.step` is the algorithm, one
+phase a line. Per step, with B prompts and G samples each (N = B * G rows, group-major):
 
-Per step, with B prompts and G samples each (N = B * G rows, group-major):
-  1. sampler (jit, on the mesh, live params) -> tokens [N, L], lengths, sampler log-probs
-  2. dispatch reference (and, for num_iterations > 1, old-policy) log-probs on the device
-  3. meanwhile, host threads decode and verify the completions -> rewards [N]
-  4. group advantages [N]; `num_iterations` jitted, donated updates of the clipped loss
-  5. metrics to tensorboard, console and metrics.jsonl; checkpoint every k steps
+  collect        sampler (jit, on the mesh, live params) -> tokens [N, L], lengths, sampler
+                 log-probs; the reference's log-probs dispatched on the device while host
+                 threads decode and verify the completions -> rewards [N]; with DAPO's
+                 dynamic sampling, more rounds until B groups have reward variance
+  shape rewards  the KL in the reward (per sequence, or per token for the critic)
+  advantages     a group estimator of `rl/advantages.py` -> [N], or the critic's GAE
+                 (`rl/critic.py`) -> [N, L]
+  update batch   the rows to train on, the whole batch's normalizers, the old-policy
+                 log-probs (num_iterations > 1)
+  update         `num_iterations` jitted, donated updates of the clipped loss (and of the
+                 critic); adaptive KL and reference sync
+  metrics        to tensorboard, console and metrics.jsonl; checkpoint every k steps (`run`)
 
 Rows whose advantage is 0 (every group whose samples all earned the same reward) add nothing
 to the loss when there is no KL term (beta = 0): with `rl.skip_zero_advantage_rows` the update
@@ -35,11 +42,11 @@ from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.rl import backends as kernel_dispatch
-from jaxrl_reason.rl.batches import (Rollout, merge_groups, select_train_rows,
+from jaxrl_reason.rl.batches import (Collected, Rollout, merge_groups, select_train_rows,
                                      zero_variance_groups)
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
 from jaxrl_reason.rl.rm_reward import load_reward_component
-from jaxrl_reason.rl.value import init_value_params, make_value_fn, make_value_update_fn
+from jaxrl_reason.rl.critic import Critic
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
 from jaxrl_reason.evaluation import domain_metrics
@@ -47,7 +54,7 @@ from jaxrl_reason.runtime import Runtime
 from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.sampling.tools import ToolSampleOutput, tool_loss_mask
 from jaxrl_reason.rl.update import (adaptive_kl_beta, make_logprob_fn, make_update_fn,
-                                    mix_reference, ppo_advantages)
+                                    mix_reference)
 from jaxrl_reason.train_state import (TrainState, create_train_state, learning_rate_schedule,
                                       make_optimizer)
 
@@ -88,39 +95,25 @@ class RLTrainer:
         # A trained reward model as one more component (rewards.reward_model_dir), on this mesh.
         self.reward_model = load_reward_component(rt.config, rt.mesh, rt.rules, rt.tokenizer)
         self.rewards = make_reward_pool(rt.config)
-        # Zero-advantage rows carry no loss term only without the KL penalty (and never with
-        # per-token GAE advantages).
-        self.gae = rl.advantage_estimator == "gae"
-        self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0 and not self.gae
-        self.value_state = None
         self.step_count = 0  # RL steps taken by this trainer (restored with the state)
         self.skipped_batch = None  # (why, example ids) when `step` skipped its update
-        if self.gae:  # PPO's critic, before the first update donates `init_params`
-            self._init_critic(init_params, ref_params)
+        # PPO's critic, built before the first update donates `init_params`. Its advantages
+        # are per token: its passes take a prompt per row, no row is skipped, and the KL in
+        # the reward goes into its token rewards instead of each sequence's reward.
+        self.critic = (Critic(rt, rl, init_params, ref_params)
+                       if rl.advantage_estimator == "gae" else None)
+        per_token = self.critic is not None
+        self.prompt_per_row = per_token
+        # Zero-advantage rows carry no loss term only without the KL penalty.
+        self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0 and not per_token
+        self.kl_in_reward = (None if not rl.kl_in_reward or self.ref_params is None
+                             else "token" if per_token else "sequence")
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
                                           rt.mesh, rt.rules)
         self.kernel_backend = rt.config.get("kernels", {}).get("backend", "auto")
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
                                         self.kernel_backend)
         self.ckpt = PhaseCheckpointer(rt, "rl")
-
-    def _init_critic(self, init_params, sft_params) -> None:
-        """The value model (policy trunk + scalar head) and its own optimizer."""
-        rt, v = self.rt, self.rl.value
-        source = {"policy": init_params, "sft": sft_params if sft_params is not None
-                  else init_params, "random": None}[v.init]
-        self.value_optimizer = make_optimizer(
-            learning_rate_schedule(v.learning_rate, self.rl.warmup_steps, self.rl.steps,
-                                   "constant"),
-            weight_decay=v.weight_decay, max_grad_norm=v.max_grad_norm)
-        value_params = init_value_params(rt.model_cfg, jax.random.key(rt.config.seed + 2),
-                                         rt.mesh, rt.rules, from_params=source)
-        self.value_state = create_train_state(value_params, self.value_optimizer)
-        self.value_fn = make_value_fn(rt.model, rt.mesh, rt.rules)
-        self.value_update_fn = make_value_update_fn(
-            rt.model, self.value_optimizer, clip_range=v.clip_range or None,
-            loss_type="bnpo", max_completion_length=self.rl.max_new_tokens,
-            mesh=rt.mesh, rules=rt.rules)
 
     # ------------------------------------------------------------------ host offload
 
@@ -150,10 +143,8 @@ class RLTrainer:
         extra = {"rng": jax.random.key_data(self.rng)}
         if self.ref_params is not None:
             extra["ref_params"] = self.ref_params
-        if self.value_state is not None:
-            extra["value_state"] = {"step": self.value_state.step,
-                                    "params": self.value_state.params,
-                                    "opt_state": self.value_state.opt_state}
+        if self.critic is not None:
+            extra["value_state"] = self.critic.checkpoint_tree()
         return extra
 
     def save(self, step: int) -> None:
@@ -173,11 +164,29 @@ class RLTrainer:
         self.rng = jax.random.wrap_key_data(extra["rng"])
         if self.ref_params is not None:
             self.ref_params = extra["ref_params"]
-        if self.value_state is not None:
-            self.value_state = TrainState(**extra["value_state"])
+        if "value_state" in extra:
+            self.critic.load_checkpoint_tree(extra["value_state"])
         return True
 
     # ------------------------------------------------------------------ one step
+
+    def step(self, examples) -> dict[str, float]:
+        """One RL step on B `examples`: the algorithm, a phase a line. Returns the step's
+        metrics (floats): the update's, the rewards' and completions', the phase times;
+        `update_skipped` = 1 and no update when every reward is non-finite."""
+        self.rng, rng = jax.random.split(self.rng)
+        got = self.collect(examples, rng)
+        t0 = time.time()
+        if got.every_reward_nonfinite():  # nothing to learn from
+            return self._skip_update(got, t0)
+        seq_rewards, kl, shaping = self.shape_rewards(got)
+        targets = self.advantages(got, seq_rewards, kl)
+        batch, train_rows = self.update_batch(got, targets)
+        metrics = self.update(batch)
+        got.times["time/train_s"] = time.time() - t0
+        return self.step_metrics(got, metrics, shaping, train_rows)
+
+    # ------------------------------------------------------------------ collect
 
     def generate(self, examples: Sequence[Mapping[str, Any]], rng) -> dict[str, np.ndarray]:
         """Samples G completions per example; returns host copies: tokens int32 [N, Lmax],
@@ -216,7 +225,7 @@ class RLTrainer:
         if (rows is not None and np.array_equal(rows, np.arange(n))
                 and (real is None or np.all(real))):
             rows = real = None
-        shared = rows is None and not self.gae
+        shared = rows is None and not self.prompt_per_row
         if rows is None:
             rows = np.arange(n)
         lengths = self.train_lengths(host)[rows]
@@ -271,7 +280,27 @@ class RLTrainer:
         would make processes pick different rows and shapes, and the collectives would hang."""
         return distributed.broadcast_from_primary(rewards)
 
-    def collect(self, examples, rng) -> tuple[list, dict, BatchRewards, dict[str, float]]:
+    def collect(self, examples, rng) -> Collected:
+        """Collect phase: samples and scores the B `examples` (with `rl.dynamic_sampling`,
+        more rounds: `dynamic_sampling`) and dispatches the reference's log-probs f32 [N, L]
+        of the N rows. Without dynamic sampling the rows are known before scoring, so the
+        reference pass runs on the device while the host scores. Times: time/sample_s
+        (sampling, and with dynamic sampling every round's scoring), time/score_s (the rest)."""
+        t0 = time.time()
+        if self.rl.dynamic_sampling:  # rows are only known after scoring: no overlap possible
+            got = Collected(*self.dynamic_sampling(examples, rng))
+        else:
+            got = Collected(list(examples), self.generate(examples, rng))
+        got.times["time/sample_s"], t0 = time.time() - t0, time.time()
+        if self.ref_params is not None:  # device work first (asynchronous dispatch)
+            got.ref_logp = self.logprob_fn(self._reference(),
+                                           *self._full_rollout(got).scoring_args())
+        if got.rewards is None:  # then host scoring while it runs
+            got.rewards = self.agreed(self.score(examples, got.host).result())
+        got.times["time/score_s"] = time.time() - t0
+        return got
+
+    def dynamic_sampling(self, examples, rng) -> tuple[list, dict, BatchRewards, dict]:
         """Samples and scores `examples`; with `rl.dynamic_sampling` (DAPO) keeps drawing
         batches of prompts until B groups have rewards that are not all equal, or
         `rl.dynamic_sampling_max_rounds` extra rounds were drawn (the batch is then topped up
@@ -307,115 +336,134 @@ class RLTrainer:
         return (*merge_groups(parts, flat[:b], g, self.rl.train_length_bucket,
                               self.rl.max_new_tokens), metrics)
 
-    def step(self, examples) -> dict[str, float]:
-        rl, times = self.rl, {}
-        self.rng, sample_rng = jax.random.split(self.rng)
+    def _full_rollout(self, got: Collected) -> Rollout:
+        """The update batch of all N rows of `got` (made once, kept in `got.rollout`)."""
+        if got.rollout is None:
+            got.rollout = self.rollout(got.host)
+        return got.rollout
 
-        t0 = time.time()
-        if rl.dynamic_sampling:  # rows are only known after scoring: no overlap possible
-            examples, host, rewards, ds_metrics = self.collect(examples, sample_rng)
-            times["time/sample_s"], t0 = time.time() - t0, time.time()
-            rollout = self.rollout(host) if self.ref_params is not None else None
-            ref_logp = (None if rollout is None else
-                        self.logprob_fn(self._reference(), *rollout.scoring_args()))
-        else:
-            ds_metrics = {}
-            host = self.generate(examples, sample_rng)
-            times["time/sample_s"] = time.time() - t0
-            # Device work first (asynchronous dispatch), then host scoring while it runs.
-            t0 = time.time()
-            rollout, ref_logp = None, None
-            if self.ref_params is not None:  # every row carries the KL term: none skipped
-                rollout = self.rollout(host)
-                ref_logp = self.logprob_fn(self._reference(), *rollout.scoring_args())
-            rewards = self.agreed(self.score(examples, host).result())
-        times["time/score_s"] = time.time() - t0
-
-        t0 = time.time()
-        train_lengths = self.train_lengths(host)
-        num_rows = train_rows = len(train_lengths)
-        nonfinite = sum(n for reason, n in rewards.reasons.items()
-                        if reason.endswith("/nonfinite"))
-        if nonfinite >= num_rows:  # every reward NaN/inf: nothing to learn from, skip
-            times["time/train_s"] = time.time() - t0
-            self.skipped_batch = ("every reward non-finite", [e.get("id") for e in examples])
-            self.step_count += 1
-            return {"update_skipped": 1.0, **self._rollout_metrics(rewards, host, examples),
-                    **ds_metrics, **times}
-        if rollout is None and (self.gae or not self.skip_rows):
-            rollout = self.rollout(host)
-        seq_rewards, extra_metrics = rewards.total, {}
-        # The sampler's log-probs of all rows, uploaded once (KL in the reward, TIS/sampler_kl).
-        all_sampler_logp = self._sampler_logp(host) if rollout is not None else None
-        if rl.kl_in_reward and ref_logp is not None and not self.gae:
-            # Sequence KL of the sampling policy to the reference, taken off the reward.
-            penalty = np.asarray(distributed.to_host(kl_reward_penalty(
-                all_sampler_logp, ref_logp, rollout.mask, beta=self.beta,
-                estimator=rl.kl_estimator)), np.float32)
-            seq_rewards = seq_rewards - penalty
-            extra_metrics["reward/kl_penalty"] = float(np.mean(penalty))
-        if self.gae:
-            values = self.value_fn(self.value_state.params, *rollout.scoring_args())
-            kl = None
-            if rl.kl_in_reward and ref_logp is not None:
-                kl = kl_penalty(all_sampler_logp, ref_logp, estimator=rl.kl_estimator)
-            advantages, returns = ppo_advantages(
-                self.rt.put(np.asarray(seq_rewards, np.float32)), rollout.mask, values, kl,
-                jnp.float32(self.beta), gamma=rl.gamma, lam=rl.lam,
-                whiten_advantages=rl.whiten_advantages)
-            batch = {**vars(rollout), "advantages": advantages, "old_values": values,
-                     "returns": returns}
-            rows = None
-        else:
-            advantages = np.asarray(distributed.to_host(kernel_dispatch.group_advantages(
-                jnp.asarray(seq_rewards), rl.num_generations,
-                estimator=rl.advantage_estimator, scale=rl.advantage_scale,
-                backend=self.kernel_backend)), np.float32)
-            advantages = np.where(train_lengths > 0, advantages, 0.0).astype(np.float32)
-            rows = None
-            if self.skip_rows:
-                rows, real = select_train_rows(
-                    advantages, rl.train_row_buckets,
-                    rl.micro_batches * shd.data_parallel_size(self.rt.mesh, self.rt.rules))
-                rollout = self.rollout(host, rows, real)
-                advantages = np.where(real, advantages[rows], 0.0).astype(np.float32)
-                train_rows = int(real.sum())
-            batch = {**vars(rollout), "advantages": self.rt.put(advantages)}
-        # Whole-batch normalizers: a subset of rows gives the whole batch's loss. Tokens are
-        # the policy's own (tool results carry no loss).
-        policy_tokens = (np.sum(train_lengths) if "tool_mask" not in host else
-                         tool_loss_mask(train_lengths, host["length"], host["tool_mask"]).sum())
-        batch.update(num_sequences=np.float32(num_rows),
-                     num_tokens=np.float32(max(1, policy_tokens)),
-                     beta=np.float32(self.beta),
-                     sampler_logp=(all_sampler_logp if rows is None
-                                   else self._sampler_logp(host, rows)))
-        if ref_logp is not None:
-            batch["ref_logp"] = ref_logp
-        if rl.num_iterations > 1:
-            batch["old_logp"] = self.logprob_fn(self.state.params, *rollout.scoring_args())
-        metrics = {}
-        policy_frozen = self.gae and self.step_count < rl.value.warmup_steps
-        self.state = self._onload_optimizer(self.state)
-        for _ in range(rl.num_iterations):
-            if not policy_frozen:
-                self.state, metrics = self.update_fn(self.state, batch)
-            if self.gae:
-                self.value_state, value_metrics = self.value_update_fn(self.value_state, batch)
-                metrics = {**metrics, **value_metrics}
-        self.state = self._offload_optimizer(self.state)
-        self.step_count += 1
-        metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
-        self._after_update(metrics)
-        times["time/train_s"] = time.time() - t0
-        metrics["train_rows_frac"] = train_rows / num_rows  # rows with a nonzero advantage
-        return {**metrics, **extra_metrics, **self._rollout_metrics(rewards, host, examples),
-                **ds_metrics, **times}
+    def _all_sampler_logp(self, got: Collected) -> jax.Array:
+        """The sampler's log-probs f32 [N, length] of all rows of `got`, uploaded once."""
+        if got.sampler_logp is None:
+            got.sampler_logp = self._sampler_logp(got.host)
+        return got.sampler_logp
 
     def _sampler_logp(self, host, rows: np.ndarray | None = None) -> jax.Array:
         """The sampler's log-probs f32 [M, length] of `rows` (default all), on the mesh."""
         logp = host["sampler_logp"][:, :host["length"]]
         return self.rt.put(logp if rows is None else logp[rows])
+
+    # ------------------------------------------------------------------ shape, advantages
+
+    def shape_rewards(self, got: Collected) -> tuple[np.ndarray, jax.Array | None, dict]:
+        """Shape-rewards phase: the KL in the reward (`rl.kl_in_reward` with a reference;
+        the format and length terms are already in `got.rewards.total`, from the reward pool).
+
+        Returns (seq_rewards f32 [N] host, kl, metrics): per sequence, the rewards minus beta
+        times the sampler's sequence KL to the reference, kl None and "reward/kl_penalty" (its
+        mean); per token (the critic), the rewards as they are and kl f32 [N, L] on the mesh,
+        the per-token KL for its token rewards. Without KL in the reward: (total, None, {}).
+        """
+        rl, total = self.rl, got.rewards.total
+        if self.kl_in_reward is None:
+            return total, None, {}
+        logp = self._all_sampler_logp(got)
+        if self.kl_in_reward == "token":
+            return total, kl_penalty(logp, got.ref_logp, estimator=rl.kl_estimator), {}
+        penalty = np.asarray(distributed.to_host(kl_reward_penalty(
+            logp, got.ref_logp, self._full_rollout(got).mask, beta=self.beta,
+            estimator=rl.kl_estimator)), np.float32)
+        return total - penalty, None, {"reward/kl_penalty": float(np.mean(penalty))}
+
+    def advantages(self, got: Collected, seq_rewards: np.ndarray,
+                   kl: jax.Array | None) -> dict[str, Any]:
+        """Advantages phase: the critic's GAE (`Critic.advantages`, with the token KL `kl`),
+        or the group estimator of the registry (`rl.advantage_estimator`, its scale) on
+        `seq_rewards` (f32 [N] host).
+
+        Returns {"advantages": f32 [N] host, 0 on rows the loss does not see} from the
+        registry; {"advantages", "old_values", "returns"} f32 [N, L] on the mesh from the
+        critic.
+        """
+        rl = self.rl
+        if self.critic is not None:
+            return self.critic.advantages(seq_rewards, self._full_rollout(got), kl, self.beta)
+        advantages = np.asarray(distributed.to_host(kernel_dispatch.group_advantages(
+            jnp.asarray(seq_rewards), rl.num_generations,
+            estimator=rl.advantage_estimator, scale=rl.advantage_scale,
+            backend=self.kernel_backend)), np.float32)
+        lengths = self.train_lengths(got.host)
+        return {"advantages": np.where(lengths > 0, advantages, 0.0).astype(np.float32)}
+
+    # ------------------------------------------------------------------ update
+
+    def update_batch(self, got: Collected, targets: dict[str, Any]) -> tuple[dict, int]:
+        """Update-batch phase: the rows to train on, their `targets` (from `advantages`; host
+        arrays are put on the mesh), the whole batch's normalizers and the log-probs the loss
+        reads. With `skip_rows` only the rows with a nonzero advantage, padded to a bucket
+        (`select_train_rows`, a multiple of micro-batches x data-parallel size); else all N.
+
+        Returns (batch, train_rows): batch holds the `Rollout` fields ([M, ...]), the
+        targets, num_sequences f32 [] (N), num_tokens f32 [] (the policy's tokens of all N
+        rows: a subset of rows gives the whole batch's loss), beta f32 [], sampler_logp f32
+        [M, L], ref_logp f32 [N, L] with a reference and old_logp f32 [M, L] with
+        `rl.num_iterations` > 1; train_rows is the number of real rows among the M.
+        """
+        rl, host = self.rl, got.host
+        if self.skip_rows:
+            rows, real = select_train_rows(
+                targets["advantages"], rl.train_row_buckets,
+                rl.micro_batches * shd.data_parallel_size(self.rt.mesh, self.rt.rules))
+            rollout, sampler_logp = self.rollout(host, rows, real), self._sampler_logp(host, rows)
+            targets = {"advantages": np.where(real, targets["advantages"][rows],
+                                              0.0).astype(np.float32)}
+            train_rows = int(real.sum())
+        else:
+            rollout, sampler_logp = self._full_rollout(got), self._all_sampler_logp(got)
+            train_rows = got.num_rows
+        lengths = self.train_lengths(host)
+        # Tokens are the policy's own (tool results carry no loss).
+        policy_tokens = (np.sum(lengths) if "tool_mask" not in host else
+                         tool_loss_mask(lengths, host["length"], host["tool_mask"]).sum())
+        batch = {**vars(rollout), **{name: self.rt.put(x) if isinstance(x, np.ndarray) else x
+                                     for name, x in targets.items()}}
+        batch.update(num_sequences=np.float32(got.num_rows),
+                     num_tokens=np.float32(max(1, policy_tokens)),
+                     beta=np.float32(self.beta), sampler_logp=sampler_logp)
+        if got.ref_logp is not None:
+            batch["ref_logp"] = got.ref_logp
+        if rl.num_iterations > 1:
+            batch["old_logp"] = self.logprob_fn(self.state.params, *rollout.scoring_args())
+        return batch, train_rows
+
+    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        """Update phase: `rl.num_iterations` donated updates of the policy (its optimizer
+        state on the chips meanwhile) and of the critic on `batch`; the policy stays frozen
+        during the critic's warm-up. Then the adaptive KL coefficient and the reference sync.
+        Returns the last update's metrics as host floats, with "beta"."""
+        critic, metrics = self.critic, {}
+        trains_policy = critic is None or critic.trains_policy(self.step_count)
+        self.state = self._onload_optimizer(self.state)
+        for _ in range(self.rl.num_iterations):
+            if trains_policy:
+                self.state, metrics = self.update_fn(self.state, batch)
+            if critic is not None:
+                metrics = {**metrics, **critic.update(batch)}
+        self.state = self._offload_optimizer(self.state)
+        self.step_count += 1
+        metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
+        self._after_update(metrics)
+        return metrics
+
+    def _skip_update(self, got: Collected, t0: float) -> dict[str, float]:
+        """A step without an update (every reward non-finite): its metrics, and the batch
+        recorded in `skipped_batch` for the skip guard."""
+        got.times["time/train_s"] = time.time() - t0
+        self.skipped_batch = ("every reward non-finite", [e.get("id") for e in got.examples])
+        self.step_count += 1
+        return {"update_skipped": 1.0, **self._rollout_metrics(got.rewards, got.host,
+                                                               got.examples),
+                **got.metrics, **got.times}
 
     def _after_update(self, metrics: dict[str, float]) -> None:
         """Adaptive KL coefficient and reference sync, once per step (host side)."""
@@ -429,6 +477,18 @@ class RLTrainer:
             mixed = mix_reference(self._reference(), self.state.params, rl.ref_sync_alpha)
             self.ref_params = (shd.to_memory(mixed, "pinned_host")
                                if rl.get("offload_reference", False) else mixed)
+
+    # ------------------------------------------------------------------ metrics
+
+    def step_metrics(self, got: Collected, update_metrics: dict[str, float],
+                     shaping: dict[str, float], train_rows: int) -> dict[str, float]:
+        """Metrics phase: the update's (with "beta"), train_rows_frac (rows with a nonzero
+        advantage / N), the reward shaping's, the rollout's (`_rollout_metrics`), dynamic
+        sampling's and the phase times; every value a float."""
+        update_metrics["train_rows_frac"] = train_rows / got.num_rows
+        return {**update_metrics, **shaping,
+                **self._rollout_metrics(got.rewards, got.host, got.examples),
+                **got.metrics, **got.times}
 
     def _rollout_metrics(self, rewards, host, examples=()) -> dict[str, float]:
         """Batch means of rewards, lengths and verdicts; for a task mixture also per domain

@@ -4,14 +4,11 @@
   make_logprob_fn   (params, rollout arrays) -> log-probs f32 [N, L]: old-policy / reference
   make_update_fn    (state, batch) -> (state, metrics): the policy loss's gradient step,
                     state donated, optionally accumulated over micro-batches
-  ppo_advantages    PPO's GAE advantages and returns from a critic's values
   mix_reference     the TR-DPO / TRL reference sync, alpha * policy + (1 - alpha) * ref
   adaptive_kl_beta  Ziegler et al.'s adaptive KL coefficient (host float math)
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +19,6 @@ from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import _micro_sharding, from_micro, to_micro
-from jaxrl_reason.rl.value import gae, token_rewards, whiten
 from jaxrl_reason.train_state import TrainState, apply_gradients_if_finite
 
 
@@ -71,24 +67,6 @@ def mix_reference(ref_params, params, alpha: float):
     """Reference sync (TR-DPO / TRL `sync_ref_model`): alpha * policy + (1 - alpha) * ref,
     as new arrays (the policy's buffers are donated by the next update)."""
     return _mix(ref_params, params, jnp.float32(alpha))
-
-
-@functools.partial(jax.jit, static_argnames=("whiten_advantages",))
-def ppo_advantages(seq_rewards, mask, values, kl, kl_coef, *, gamma, lam,
-                   whiten_advantages: bool):
-    """PPO's per-token advantages: InstructGPT token rewards (the sequence reward at the last
-    token, -kl_coef * KL per token when `kl` is given), GAE against the critic's `values`,
-    optionally whitened over the batch's tokens.
-
-    Args: seq_rewards f32 [N]; mask, values, kl f32 [N, L] (kl may be None); kl_coef f32 [].
-    Returns: (advantages f32 [N, L], returns f32 [N, L]) with returns = GAE + values (before
-    whitening).
-    """
-    rewards = token_rewards(seq_rewards, mask, kl=kl, kl_coef=kl_coef)
-    advantages, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
-    if whiten_advantages:
-        advantages = whiten(advantages, mask)
-    return advantages, returns
 
 
 def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference"):

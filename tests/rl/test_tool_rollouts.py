@@ -36,7 +36,8 @@ def stub_trainer(mask_truncated=False):
     """What `RLTrainer.rollout` reads of its trainer."""
     stub = SimpleNamespace(rl=ml_collections.ConfigDict(
         {"num_generations": 2, "mask_truncated_completions": mask_truncated}),
-        rt=SimpleNamespace(put=jnp.asarray, put_prompts=jnp.asarray), gae=False)
+        rt=SimpleNamespace(put=jnp.asarray, put_prompts=jnp.asarray),
+        prompt_per_row=False)
     stub.train_lengths = lambda host: RLTrainer.train_lengths(stub, host)
     return stub
 

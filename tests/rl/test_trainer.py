@@ -25,7 +25,8 @@ from jaxrl_reason.rewards.base import register_reward
 from jaxrl_reason.rl.advantages import group_advantages
 from jaxrl_reason.rl.batches import merge_groups, select_train_rows, zero_variance_groups
 from jaxrl_reason.rl.trainer import RLTrainer
-from jaxrl_reason.rl.update import adaptive_kl_beta, mix_reference, ppo_advantages
+from jaxrl_reason.rl.critic import Critic, ppo_advantages
+from jaxrl_reason.rl.update import adaptive_kl_beta, mix_reference
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason.train_state import create_train_state
 
@@ -347,7 +348,9 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(make_trainer):
                               "--config.rl.dynamic_sampling_max_rounds=4",
                               weights={"_test_stop_early": 1.0})
     rl = trainer.rl
-    examples, host, rewards, m = trainer.collect(next(trainer.data), jax.random.key(0))
+    got = trainer.collect(next(trainer.data), jax.random.key(0))
+    examples, host, rewards, m = got.examples, got.host, got.rewards, got.metrics
+    assert got.ref_logp is None and set(got.times) == {"time/sample_s", "time/score_s"}
     assert len(examples) == rl.batch_prompts
     n = rl.batch_prompts * rl.num_generations
     assert host["tokens"].shape[0] == n and rewards.total.shape == (n,)
@@ -472,27 +475,51 @@ def test_ppo_with_a_critic_runs_and_the_critic_learns(make_trainer):
         "--config.rl.kl_in_reward=True", "--config.rl.kl_estimator=k1",
         "--config.rl.loss_type=bnpo", "--config.rl.num_iterations=2",
         "--config.rl.value.learning_rate=3e-3", weights={"_test_text_length": 1.0})
-    assert trainer.value_state is not None and not trainer.skip_rows
+    assert trainer.critic is not None and not trainer.skip_rows
+    assert trainer.kl_in_reward == "token" and trainer.prompt_per_row
     history = run_steps(trainer, 3)
     for m in history:
         for key in ("value_loss", "explained_variance", "value_clip_frac", "kl", "sampler_kl"):
             assert key in m and np.isfinite(m[key]), (key, m)
-    assert int(trainer.value_state.step) == 6  # two critic epochs per step
+    assert int(trainer.critic.state.step) == 6  # two critic epochs per step
     # The critic regresses toward the returns: repeated updates on one batch reduce its loss.
     examples = next(trainer.data)
     host = trainer.generate(examples, jax.random.key(11))
     rollout = trainer.rollout(host)
     rewards = jnp.asarray(trainer.score(examples, host).result().total)
-    values = trainer.value_fn(trainer.value_state.params, *rollout.scoring_args())
+    values = trainer.critic.values_fn(trainer.critic.state.params, *rollout.scoring_args())
     adv, returns = ppo_advantages(trainer.rt.put(np.asarray(rewards)), rollout.mask, values,
                                   None, jnp.float32(0.0), gamma=1.0, lam=0.95,
                                   whiten_advantages=True)
     batch = {**vars(rollout), "old_values": values, "returns": returns}
     losses = []
     for _ in range(5):
-        trainer.value_state, vm = trainer.value_update_fn(trainer.value_state, batch)
-        losses.append(float(vm["value_loss"]))
+        losses.append(float(trainer.critic.update(batch)["value_loss"]))
     assert losses[-1] < losses[0]
+
+
+def test_ppo_resume_restores_the_critic_exactly(make_trainer):
+    """The critic's params, optimizer state and step are in the RL checkpoint ("value_state"):
+    a step taken after restoring equals the step taken before, bit for bit."""
+    trainer, _ = make_trainer(
+        "--config.rl.advantage_estimator=gae", "--config.rl.beta=0.02",
+        "--config.rl.kl_in_reward=True", "--config.rl.kl_estimator=k1",
+        "--config.rl.loss_type=bnpo", "--config.rl.value.learning_rate=3e-3",
+        weights={"_test_text_length": 1.0})
+    run_steps(trainer, 1)
+    trainer.save(1)
+    saved = jax.device_get(trainer.critic.checkpoint_tree())
+    (first,) = run_steps(trainer, 1)
+    after = jax.device_get((trainer.state.params, trainer.critic.checkpoint_tree()))
+    assert not tree_equal(saved["params"], after[1]["params"])  # the critic moved
+    assert trainer.restore() and trainer.step_count == 1
+    assert tree_equal(jax.device_get(trainer.critic.checkpoint_tree()), saved)
+    (again,) = run_steps(trainer, 1)
+    for key in first:
+        if not key.startswith("time/"):
+            assert first[key] == again[key], key
+    assert tree_equal(jax.device_get((trainer.state.params, trainer.critic.checkpoint_tree())),
+                      after)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -577,3 +604,9 @@ def test_pallas_and_reference_backends_give_the_same_step(make_trainer):
         assert pal[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
     for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(pal_params)):
         np.testing.assert_allclose(a, b, atol=2e-4)
+
+
+def test_critic_rejects_an_unknown_value_init():
+    cfg = ml_collections.ConfigDict({"value": {"init": "pretrained"}})
+    with pytest.raises(ValueError, match=r"rl.value.init must be one of .*'pretrained'"):
+        Critic(None, cfg, init_params=None)
