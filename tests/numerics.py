@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from flax.core import meta
 
 __all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude",
            "logit_terms_bound", "rms_projection_bound", "decoder_tolerance",
-           "decoder_grad_tolerance"]
+           "decoder_grad_tolerance", "attention_tolerance", "attention_loss_tolerances"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -111,6 +112,7 @@ def logit_terms_bound(cfg, params) -> float:
     Returns:
       python float.
     """
+    params = meta.unbox(params)  # flax's LogicallyPartitioned boxes, if any
     if cfg.tie_embeddings:
         kernel = np.asarray(params["embedding"], np.float64).T  # [D, V]
     else:
@@ -178,6 +180,59 @@ def decoder_grad_tolerance(cfg, grads, *, tokens: int, rows: int) -> float:
     n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, tokens, cfg.vocab_size,
             rows * tokens)
     largest = max(float(np.abs(np.asarray(g, np.float64)).max(initial=0.0))
-                  for g in jax.tree.leaves(grads))
+                  for g in jax.tree.leaves(meta.unbox(grads)))
     return f32_tolerance(n, largest, chain=2 * (2 * cfg.n_layers + 2))
 
+
+
+def _score_terms(q, k, scale: float) -> float:
+    """An upper bound of sum_d |q_d k_d| * scale over every (query, key) pair, for any
+    layout whose last dim is head_dim: sum_d max|q_.d| max|k_.d| * scale."""
+    hd = np.shape(q)[-1]
+    qmax = np.abs(np.asarray(q, np.float64)).reshape(-1, hd).max(0)
+    kmax = np.abs(np.asarray(k, np.float64)).reshape(-1, hd).max(0)
+    return float(qmax @ kmax) * scale
+
+
+def attention_tolerance(q, k, v, *, keys: int, scale: float) -> float:
+    """`f32_tolerance` for one entry of softmax(q k^T * scale) v computed in two orders.
+
+    Three reductions: the scores (length head_dim, terms sum |q_d k_d| * scale, an error
+    that scales v's weights: x2 through the softmax), the softmax's sum and the weighted sum
+    (length `keys`, terms of at most max |v| since the weights sum to 1). A soft-cap only
+    shrinks the scores.
+
+    Args:
+      q, k, v: arrays with head_dim last (any layout); keys: int, keys attended;
+      scale: the scores' multiplier (head_dim ** -0.5 by default).
+    Returns:
+      python float.
+    """
+    vmax = float(np.abs(np.asarray(v, np.float64)).max())
+    n = max(np.shape(q)[-1], keys)
+    return f32_tolerance(n, vmax * (1.0 + 2.0 * _score_terms(q, k, scale)), chain=3)
+
+
+def attention_loss_tolerances(q, k, v, cot, grads, *, keys: int, queries: int,
+                              scale: float) -> tuple[float, float]:
+    """Tolerances of loss = sum(attention(q, k, v) * cot) and of its gradients (q, k, v).
+
+    The loss: each entry's `attention_tolerance` times sum |cot|, plus the final sum over
+    cot.size terms. The gradients run the chain transposed (6 reductions, the longest over
+    the `queries` rows summed into dk and dv); their error is norm-wise: relative to the
+    largest gradient entry, times the same score factor as the values.
+
+    Args:
+      q, k, v, cot: arrays; grads: the reference's (dq, dk, dv); keys, queries: ints;
+      scale: as in `attention_tolerance`.
+    Returns:
+      (loss atol, gradient atol), python floats.
+    """
+    entry = attention_tolerance(q, k, v, keys=keys, scale=scale)
+    cot_sum = float(np.abs(np.asarray(cot, np.float64)).sum())
+    vmax = float(np.abs(np.asarray(v, np.float64)).max())
+    loss_atol = cot_sum * entry + f32_tolerance(int(np.size(cot)), cot_sum * (vmax + entry))
+    largest = max(float(np.abs(np.asarray(g, np.float64)).max()) for g in grads)
+    n = max(np.shape(q)[-1], keys, queries)
+    grad_atol = f32_tolerance(n, largest * (1.0 + 2.0 * _score_terms(q, k, scale)), chain=6)
+    return loss_atol, grad_atol

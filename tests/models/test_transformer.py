@@ -11,7 +11,8 @@ from jaxrl_reason import models, sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer, einsum_f32
 from jaxrl_reason.sampling.sampler import positions_from_valid
-from numerics import abs_matmul_magnitude, decoder_tolerance, f32_tolerance
+from numerics import (abs_matmul_magnitude, attention_loss_tolerances, decoder_tolerance,
+                      f32_tolerance)
 
 RULES = shd.DEFAULT_RULES
 
@@ -421,21 +422,9 @@ def test_cpu_attention_layout_equals_the_einsum_form_values_and_gradients(softca
     got = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
     with platform.target("tpu"):
         want = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
-    # Two layouts, two summation orders (tests/numerics.py). An output entry: the scores
-    # (length hd, terms sum |q k| / sqrt(hd), which scale the weights of v), the softmax and
-    # the weighted sum (length s, terms <= max |v|); the loss sums b*t*kv*g*hd of them
-    # times the cotangent. Gradients: the transposed chain, norm-wise (relative to the
-    # largest entry), over the longest backward sum (t * g rows into dk, dv).
-    score_terms = float(jnp.einsum("btkgd,bskd->bkgts", jnp.abs(q), jnp.abs(k)).max()
-                        / np.sqrt(hd))
-    entry = f32_tolerance(max(hd, s), float(jnp.abs(v).max()) * (1.0 + 2.0 * score_terms),
-                          chain=3)
-    total = q.size
-    loss_terms = float(jnp.sum(jnp.abs(cot))) * (float(jnp.abs(v).max()) + entry)
-    np.testing.assert_allclose(got[0], want[0], rtol=0,
-                               atol=float(jnp.sum(jnp.abs(cot))) * entry
-                               + f32_tolerance(total, loss_terms))
-    largest = max(float(jnp.abs(x).max()) for x in want[1])
-    grad_atol = f32_tolerance(max(hd, s, t * g), largest * (1.0 + 2.0 * score_terms), chain=6)
+    # Two layouts, two summation orders: the float32 bound of attention (tests/numerics.py).
+    loss_atol, grad_atol = attention_loss_tolerances(q, k, v, cot, want[1], keys=s,
+                                                     queries=t * g, scale=hd ** -0.5)
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=loss_atol)
     for a, w in zip(got[1], want[1]):
         np.testing.assert_allclose(a, w, rtol=0, atol=grad_atol)
