@@ -201,3 +201,21 @@ def test_api_doc_imports_resolve():
         except ImportError as e:
             failures.append(f"{line}: {e}")
     assert not failures, "docs/api.md names imports that fail:\n" + "\n".join(failures)
+
+
+def test_layout_tree_matches_the_package():
+    """The README's annotated tree names every module and folder of `jaxrl_reason/`, and every
+    `.py` file it names exists, so a moved module shows up here."""
+    text = README.read_text()
+    match = re.search(r"## Layout\n\n```\n(.*?)```", text, flags=re.S)
+    assert match, "README has no Layout section with a tree"
+    tree = match.group(1)
+    package = ROOT / "jaxrl_reason"
+    entries = [p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
+               if not p.name.startswith(("_", ".")) and (p.is_dir() or p.suffix == ".py")]
+    unnamed = [e for e in entries if not re.search(rf"(?<![\w/]){re.escape(e)}", tree)]
+    assert not unnamed, f"README's layout tree does not name: {sorted(unnamed)}"
+    known = {p.name for base in ("jaxrl_reason", "kernels", "configs", "scripts", "tests")
+             for p in (ROOT / base).rglob("*.py")}
+    stale = sorted({name for name in re.findall(r"\b\w+\.py\b", tree)} - known)
+    assert not stale, f"README's layout tree names files that do not exist: {stale}"
