@@ -37,7 +37,7 @@ def commands(block: str) -> list[str]:
     joined = re.sub(r"\\\n\s*", " ", block)
     out = []
     for line in joined.splitlines():
-        line = line.split(" #", 1)[0].strip()
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()  # shell comments (not inside words)
         if line and not line.startswith("#"):
             out += [part.strip() for part in line.split("&&") if part.strip()]
     return out
