@@ -1,6 +1,6 @@
 r"""Throughput and latency of the `correctness` verifier inside `RewardPool`.
 
-    python benchmarks/verifiers.py                      # ~30 s on 2 cores
+    python benchmarks/verifiers.py                      # ~2-3 min on 2 cores
     python benchmarks/verifiers.py --workers 1 2 4 --clean 1024 --json out.json
 
 Builds a fixed-seed set of realistic math completions (R1-style `<think>...</think>
@@ -13,10 +13,13 @@ equations, about half of them wrong. Then, for each thread count W:
     (median of `--repeats` batches);
   * p50/p99 latency of one `correctness` call (a timing wrapper registered as another reward);
   * the wall time of a 256-item batch of which 5% are adversarial (power towers, a
-    million-character completion, 10^4 nested braces, `(10^{9999})^{9999}`, which passes
-    the static guards and is cut at the deadline).
+    million-character completion, 10^4 nested braces, `(10^{9999})^{9999}`, which the
+    syntax-tree builder refuses, and a sum of sines of 10^{59940}-sized integers, which it
+    admits and which is cut at the deadline).
 
-Each of the above runs once per `--isolation` mode, in the same process: "off" (the sympy
+Each of the above runs once per `--isolation` mode, in the same process (and, with
+`--previous FILE`, once more with an older `_sympy_worker.py`, for example today's
+predecessor from `git show <rev>:jaxrl_reason/rewards/_sympy_worker.py > FILE`): "off" (the sympy
 zygotes run as the trainer's own user, no namespaces) and "bwrap" (the default: each zygote
 under bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces). Both fork
 one job per sympy comparison and build sympy objects from a syntax tree. Per mode, the
@@ -79,7 +82,8 @@ _ADVERSARIAL = [
     "\\boxed{9^{9^{9^{9}}}}",
     "x" * 10**6 + "\\boxed{5}",
     "\\boxed{" + "{" * 10**4 + "1" + "}" * 10**4 + "}",
-    "<answer>(10^{9999})^{9999}</answer>",  # passes the static guards; killed at 2 s
+    "<answer>(10^{9999})^{9999}</answer>",  # refused by the tree builder's power limit
+    "<answer>\\sin((10^{999})^{60})+\\sin((10^{998})^{60})+\\sin((10^{997})^{60})</answer>",
     "\\boxed{" * 20_000,
     "<answer>\\binom{1000000}{500000}</answer>",
     "\\boxed{1000000!}",
@@ -134,6 +138,16 @@ def build_items(n: int, adversarial_frac: float, seed: int) -> list[tuple[str, d
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _load_pool_class(path: Path):
+    """`SympyPool` of a `_sympy_worker.py` file (say, `git show <rev>:<path> > file`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_previous_sympy_worker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SympyPool
 
 
 def _raw_rate(sympy_pool, n: int, threads: int) -> float:
@@ -203,6 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--isolation", nargs="+", default=["off", "bwrap"],
                         choices=["off", "bwrap"], help="sympy worker isolation modes to run")
     parser.add_argument("--raw", type=int, default=400, help="pairs for the raw sympy rate")
+    parser.add_argument("--previous", type=Path, default=None,
+                        help="also run an older _sympy_worker.py as mode 'previous'")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -224,8 +240,11 @@ def main(argv: list[str] | None = None) -> dict:
     clean = build_items(args.clean, 0.0, args.seed)
     hostile = build_items(args.adversarial_batch, args.adversarial_frac, args.seed + 1)
     rows, modes = [], {}
-    for mode in args.isolation:
-        sympy_pool = SympyPool(isolate=mode == "bwrap")
+    pools = {"off": lambda: SympyPool(isolate=False), "bwrap": lambda: SympyPool(isolate=True)}
+    if args.previous is not None:  # an older _sympy_worker.py (same pool API), run as it was
+        pools["previous"] = _load_pool_class(args.previous)
+    for mode in ([*args.isolation, "previous"] if args.previous else args.isolation):
+        sympy_pool = pools[mode]()
         _sympy_worker._POOL = sympy_pool  # what get_pool() hands the verifier
         start = time.perf_counter()
         ready = sympy_pool.warm()

@@ -10,11 +10,12 @@ call anything. That text is then parsed by `ast.parse` (which builds a tree and 
 nothing), and `_Builder` walks the tree admitting only:
 
 - numbers: `Integer(<int>)`, `Float('<decimal>')`, bare int literals;
-- symbols: `Symbol('<identifier>')`, the Greek names and capital letters of `local_names`,
-  and the constants `E`, `I`, `pi`, `oo`;
+- symbols: `Symbol('<identifier>')`, the Greek letter names, the capital letters but `E`
+  and `I`, and the constants `E`, `I`, `pi`, `oo`;
 - the operators `+ - * / **` (binary) and `+ -` (unary);
-- calls of the functions in `FUNCTIONS` (a fixed table of sympy callables), `Matrix` of a
-  list of lists, and undefined functions `Function('<identifier>')(args)`.
+- calls of a fixed table of sympy functions (trigonometric and inverse, hyperbolic, exp,
+  log, log10, sqrt, Abs, floor, ceiling, factorial, binomial), `Matrix` of a list of lists,
+  and undefined functions `Function('<identifier>')(args)`.
 
 Anything else (attributes, subscripts, other names, keywords, lambdas, strings outside
 `Symbol`/`Float`/`Function`, ...) raises `Rejected`. Limits: `MAX_CHARS` of text,
