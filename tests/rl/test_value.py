@@ -12,6 +12,7 @@ from jaxrl_reason.models.value_head import (abstract_value_params, trunk_config,
 from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn,
                                    make_value_update_fn, token_rewards, value_loss, whiten)
 from jaxrl_reason.train_state import create_train_state, make_optimizer
+from numerics import f32_tolerance
 
 RULES = shd.DEFAULT_RULES
 LENGTHS = (7, 3, 0, 1, 5)  # right-padded rows of different lengths, one empty
@@ -79,6 +80,22 @@ def value_loss_reference(values, old, returns, lengths, clip):
     return total / max(n, 1), metrics, grad
 
 
+def _gae_atol(data, gamma, lam, lengths=LENGTHS):
+    """The float32 bound of GAE against the float64 reference (tests/numerics.py): adv_t is
+    the length-(n - t) discounted sum of delta_k = r_k + gamma v_k+1 - v_k, whose terms sum
+    |(gamma lam)^(k-t)| (|r_k| + gamma |v_k+1| + |v_k|); three steps round (the inputs cast
+    to float32, delta's two adds, the sum). The returns add |v_t|."""
+    r, v = np.nan_to_num(np.abs(data["rewards"])), np.nan_to_num(np.abs(data["values"]))
+    worst = 0.0
+    for b, n in enumerate(lengths):
+        for t in range(n):
+            terms = sum((gamma * lam) ** (k - t) * (
+                r[b, k] + gamma * (v[b, k + 1] if k + 1 < n else 0.0) + v[b, k])
+                for k in range(t, n))
+            worst = max(worst, terms + v[b, t])
+    return f32_tolerance(max(max(lengths), 2), worst, chain=3, orders=1)
+
+
 # ----------------------------------------------------------------------------- GAE
 
 
@@ -91,8 +108,9 @@ def test_gae_matches_reference(gamma, lam):
         gamma=gamma, lam=lam)
     ref_adv, ref_ret = gae_reference(data["rewards"], data["values"], LENGTHS, gamma, lam)
     assert adv.dtype == ret.dtype == jnp.float32
-    np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+    atol = _gae_atol(data, gamma, lam)
+    np.testing.assert_allclose(adv, ref_adv, rtol=0, atol=atol)
+    np.testing.assert_allclose(ret, ref_ret, rtol=0, atol=atol)
     assert not np.any(np.isnan(adv)) and not np.any(np.isnan(ret))
     np.testing.assert_array_equal(np.asarray(adv)[2], 0.0)  # the all-masked row
 
@@ -100,21 +118,23 @@ def test_gae_matches_reference(gamma, lam):
 def test_gae_gamma_lam_one_is_reward_to_go_minus_value():
     data, mask = _batch(1)
     adv, ret = gae(data["rewards"], data["values"], mask, gamma=1.0, lam=1.0)
+    atol = _gae_atol(data, 1.0, 1.0)
     for b, n in enumerate(LENGTHS):
         for t in range(n):
             to_go = sum(data["rewards"][b, t:n])
-            assert adv[b, t] == pytest.approx(to_go - data["values"][b, t], abs=1e-5)
-            assert ret[b, t] == pytest.approx(to_go, abs=1e-5)
+            assert adv[b, t] == pytest.approx(to_go - data["values"][b, t], abs=atol)
+            assert ret[b, t] == pytest.approx(to_go, abs=atol)
 
 
 def test_gae_lam_zero_is_one_step_td():
     data, mask = _batch(2)
     adv, _ = gae(data["rewards"], data["values"], mask, gamma=0.9, lam=0.0)
     r, v = data["rewards"], data["values"]
+    atol = _gae_atol(data, 0.9, 0.0)
     for b, n in enumerate(LENGTHS):
         for t in range(n):
             nxt = v[b, t + 1] if t + 1 < n else 0.0
-            assert adv[b, t] == pytest.approx(r[b, t] + 0.9 * nxt - v[b, t], abs=1e-5)
+            assert adv[b, t] == pytest.approx(r[b, t] + 0.9 * nxt - v[b, t], abs=atol)
 
 
 # ----------------------------------------------------------------------------- rewards
