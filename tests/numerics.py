@@ -40,7 +40,8 @@ from flax.core import meta
 
 __all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude",
            "logit_terms_bound", "rms_projection_bound", "decoder_tolerance",
-           "decoder_grad_tolerance", "attention_tolerance", "attention_loss_tolerances"]
+           "decoder_grad_tolerance", "attention_tolerance", "attention_loss_tolerances",
+           "kv_cache_tolerance", "value_head_tolerance"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -236,3 +237,53 @@ def attention_loss_tolerances(q, k, v, cot, grads, *, keys: int, queries: int,
     n = max(np.shape(q)[-1], keys, queries)
     grad_atol = f32_tolerance(n, largest * (1.0 + 2.0 * _score_terms(q, k, scale)), chain=6)
     return loss_atol, grad_atol
+
+
+def kv_cache_tolerance(cfg, params, *, tokens: int) -> float:
+    """`f32_tolerance` for a decoder's cached keys and values computed in two orders.
+
+    Per layer, k = k_proj(attn_norm(x)) (or k_norm's output, of width head_dim) rotated by
+    RoPE, whose entries mix two (x2), and v = v_proj(attn_norm(x)): `rms_projection_bound`
+    of each; the chain runs through every layer before the last.
+
+    Args:
+      cfg: the `ModelConfig` (unscanned params: `layer_<i>` entries); params: its params;
+      tokens: int, the sequence length attended over.
+    Returns:
+      python float, an absolute tolerance for every cache entry.
+    """
+    params = meta.unbox(params)
+    bounds = []
+    for layer in range(cfg.n_layers):
+        p = params[f"layer_{layer}"]
+        norm = p["attn_norm"]["scale"]
+        bounds.append(rms_projection_bound(norm, p["attn"]["v_proj"]["kernel"],
+                                           plus_one=cfg.norm_plus_one))
+        if cfg.qk_norm:
+            scale = np.asarray(p["attn"]["k_norm"]["scale"], np.float64) + cfg.norm_plus_one
+            bounds.append(2.0 * np.sqrt(cfg.head_dim) * float(np.abs(scale).max()))
+        else:
+            bounds.append(2.0 * rms_projection_bound(norm, p["attn"]["k_proj"]["kernel"],
+                                                     plus_one=cfg.norm_plus_one))
+    n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, tokens)
+    return f32_tolerance(n, max(bounds), chain=2 * cfg.n_layers)
+
+
+def value_head_tolerance(cfg, params, *, tokens: int) -> float:
+    """`f32_tolerance` for a value model's outputs (trunk + linear head [D] -> 1) in two
+    orders: the head's terms by `rms_projection_bound` of the trunk's final norm and the head
+    kernel (plus |bias|), the chain through every layer and the head.
+
+    Args:
+      cfg: the policy's `ModelConfig`; params: {"trunk": ..., "head": {"kernel", "bias"}};
+      tokens: int, the sequence length attended over.
+    Returns:
+      python float.
+    """
+    params = meta.unbox(params)
+    head = params["head"]
+    magnitude = rms_projection_bound(params["trunk"]["final_norm"]["scale"], head["kernel"],
+                                     plus_one=cfg.norm_plus_one)
+    magnitude += float(np.abs(np.asarray(head["bias"], np.float64)).max())
+    n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, tokens)
+    return f32_tolerance(n, magnitude, chain=2 * cfg.n_layers + 1)

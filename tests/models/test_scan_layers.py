@@ -12,7 +12,7 @@ from jaxrl_reason.models.params import (cache_length, init_cache, is_stacked, pa
                                         repeat_cache)
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad
-from numerics import decoder_tolerance, f32_tolerance, rms_projection_bound
+from numerics import decoder_tolerance, kv_cache_tolerance
 
 FAMILIES = {
     "llama3": dict(rope_scaling="llama3", rope_scaling_factor=8.0, rope_original_max_position=8),
@@ -44,23 +44,6 @@ def _inputs(batch=2, length=9):
     tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, 128)
     positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
     return tokens, positions, jnp.ones((batch, length), bool)
-
-
-def _key_tolerance(cfg, params):
-    """The float32 bound for cached keys: k = k_proj(attn_norm(x)) (or k_norm(...) of it),
-    rotated by RoPE (each entry mixes two: x2); the chain runs through every layer before."""
-    bounds = []
-    for layer in range(cfg.n_layers):
-        p = params[f"layer_{layer}"]
-        if cfg.qk_norm:  # k_norm's output of width head_dim
-            scale = np.asarray(p["attn"]["k_norm"]["scale"], np.float64)
-            bounds.append(np.sqrt(cfg.head_dim) * np.abs(scale + cfg.norm_plus_one).max())
-        else:
-            bounds.append(rms_projection_bound(p["attn_norm"]["scale"],
-                                               p["attn"]["k_proj"]["kernel"],
-                                               plus_one=cfg.norm_plus_one))
-    n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, 13)
-    return f32_tolerance(n, 2.0 * max(bounds), chain=2 * cfg.n_layers)
 
 
 def _max_rel(a, b):
@@ -114,7 +97,8 @@ def test_cached_prefill_and_decode_match(family, mesh):
     np.testing.assert_allclose(np.asarray(sa), np.asarray(sb), rtol=0, atol=atol)
     assert isinstance(ca, tuple) and set(cb) == {"k", "v"}
     np.testing.assert_allclose(np.stack([np.asarray(c["k"]) for c in ca]),
-                               np.asarray(cb["k"]), rtol=0, atol=_key_tolerance(cfg, params))
+                               np.asarray(cb["k"]), rtol=0,
+                               atol=kv_cache_tolerance(cfg, params, tokens=13))
 
 
 @pytest.mark.parametrize("family", ["gemma2", "qwen2"])
