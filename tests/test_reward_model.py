@@ -21,6 +21,7 @@ from jaxrl_reason.models.scoring import sequence_inputs
 from jaxrl_reason.rl.value import init_value_params
 from jaxrl_reason.runtime import build_runtime
 from jaxrl_reason import sharding as shd
+from numerics import value_head_tolerance
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, "configs", "arith_grpo.py") + ":smoke"
@@ -163,13 +164,15 @@ def test_score_is_read_at_the_last_real_token(rt, model_cfg):
     score = rm.make_score_fn(model_cfg)
     sa, sb = score(params, *args(a)), score(params, *args(b))
     assert sa.dtype == jnp.float32 and sa.shape == (2,)
-    np.testing.assert_allclose(np.asarray(sa), np.asarray(sb), rtol=1e-4, atol=1e-5)
+    # Other paddings, other attention lengths and summation orders (tests/numerics.py).
+    atol = value_head_tolerance(model_cfg, params, tokens=32 + 24)
+    np.testing.assert_allclose(np.asarray(sa), np.asarray(sb), rtol=0, atol=atol)
     # Same as the value model's output at the last completion token.
     values = jax.jit(lambda p, *x: ValueModel(model_cfg).apply({"params": p}, *x))(
         params, *sequence_inputs(*args(a)))
     last = 16 + a["completion_mask"].sum(1).astype(int) - 1
     np.testing.assert_allclose(np.asarray(sa), np.asarray(values)[np.arange(2), last],
-                               rtol=1e-5)
+                               rtol=0, atol=atol)
 
 
 # ----------------------------------------------------------------------------- training
