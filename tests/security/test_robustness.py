@@ -165,6 +165,43 @@ def test_only_process_zero_takes_the_lock(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / ".lock").exists() and workdir_lock.held() == []
 
 
+_JOB = """
+import os, sys
+from jaxrl_reason import distributed, workdir_lock
+assert distributed.initialize(None) is not None
+import jax
+me = jax.process_index()
+workdir_lock.acquire(sys.argv[1])  # the job's lock: taken by process 0 only
+assert workdir_lock.held() == ([os.path.realpath(sys.argv[1])] if me == 0 else [])
+distributed.sync("locked")
+try:
+    workdir_lock.acquire(sys.argv[2])  # held by another run: every process fails
+except workdir_lock.WorkdirLocked as e:
+    print(f"process {me}: refused: {e}", flush=True)
+distributed.sync("done")
+"""
+
+
+def test_multi_host_job_takes_the_lock_once_and_fails_together(tmp_path):
+    from test_multihost import child_env, free_port, run_all
+
+    script = tmp_path / "job.py"
+    script.write_text(_JOB)
+    port = free_port()
+    with _holder(tmp_path / "taken") as holder:
+        jobs = [([sys.executable, str(script), str(tmp_path / "ours"), str(tmp_path / "taken")],
+                 child_env(1, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                           JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)))
+                for i in range(2)]
+        logs = [str(tmp_path / f"p{i}.log") for i in range(2)]
+        run_all(jobs, logs, timeout=180)
+    for i, log in enumerate(logs):
+        with open(log) as f:
+            text = f.read()
+        assert f"process {i}: refused: workdir" in text and f"pid {holder.pid}" in text
+    assert os.listdir(tmp_path / "ours") == [".lock"]
+
+
 def test_lease_blocks_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     workdir = str(tmp_path / "bucket_run")
     first = workdir_lock.Lease(workdir, confirm_s=0.0, heartbeat_s=0.05)
