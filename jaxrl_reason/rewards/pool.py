@@ -101,6 +101,22 @@ def _bind(name: str, fn: Any, options: Mapping[str, Any] | None, positional: int
     return functools.update_wrapper(functools.partial(fn, **dict(options)), fn)
 
 
+def _check_sandbox(names: list[str], options: Mapping[str, Mapping]) -> None:
+    """Refuse, before any batch, a pool that would run model code without the OS sandbox
+    (`code`, or `domain_verifier` whose mixtures may hold code rows) unless the options opt in
+    with `allow_unsandboxed_unsafe=True` (RuntimeError naming the fix; see
+    `code.sandbox_ready`). Raised per call instead, the error would only count as a reason."""
+    from jaxrl_reason.rewards import code
+
+    if "code" in names:
+        code.sandbox_ready(bool(dict(options.get("code") or {}).get(
+            "allow_unsandboxed_unsafe", False)))
+    if "domain_verifier" in names:
+        per_verifier = dict(options.get("domain_verifier") or {}).get("verifier_options") or {}
+        code.sandbox_ready(bool(dict(per_verifier.get("code") or {}).get(
+            "allow_unsandboxed_unsafe", False)))
+
+
 def resolve_rewards(
     weights: Mapping[str, float], options: Mapping[str, Mapping] | None, verifier: str
 ) -> tuple[list[tuple[str, RewardFunction]], list[tuple[str, Any]], dict[str, float]]:
@@ -238,6 +254,7 @@ class RewardPool:
                 )
             self._weights[name] = float(weight)
         self._fns, self._batch_fns, extra = resolve_rewards(self._weights, options, verifier)
+        _check_sandbox([name for name, _ in self._fns], options or {})
         self.verifier = verifier
         self._weights.update(extra)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:

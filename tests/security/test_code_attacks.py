@@ -257,3 +257,19 @@ def test_seccomp_keeps_ordinary_programs_working():
                         "print(subprocess.run(['echo', 'hi'], capture_output=True).stdout)",
                         "", FAST)
     assert (res.status, res.stdout) == ("ok", "x\nb'hi\\n'\n"), res
+
+
+def test_pool_refuses_code_rewards_without_sandbox(monkeypatch):
+    """Refused when the pool is built, not per call (where it would only count as a reason)."""
+    from jaxrl_reason.rewards import RewardPool
+
+    monkeypatch.setattr(isolation, "available", lambda: False)
+    for weights in ({"code": 1.0}, {"domain_verifier": 1.0}):
+        with pytest.raises(RuntimeError, match="allow_unsandboxed_unsafe"):
+            RewardPool(weights, num_workers=1)
+    with pytest.warns(RuntimeWarning, match="WITHOUT"):
+        code_mod._WARNED.clear()
+        pool = RewardPool({"code": 1.0}, num_workers=1,
+                          options={"code": {"allow_unsandboxed_unsafe": True}})
+    pool.close()
+    RewardPool({"correctness": 1.0}, num_workers=1).close()  # other rewards are unaffected
