@@ -2,9 +2,10 @@
 
 Sympy can spin for minutes inside one C-level big-integer operation while holding the GIL
 (`9**9**9**9`), and a thread cannot be interrupted, so every sympy call of the reward code
-runs in a small pool of persistent child processes. A call that overruns its deadline kills
-its worker, and a replacement starts at once in the background. The client is safe to use
-from many threads.
+runs in a small pool of persistent child processes. A job that overruns its deadline is
+killed by its worker; a worker that does not answer within a short grace after the deadline
+is killed itself, and a replacement starts at once in the background. The client is safe to
+use from many threads.
 
 Each worker is a zygote: it imports sympy, warms it up and announces `{"ready": true}`, then
 serves one request per line, `{"id": int, "a": str, "b": str, "mode": str, "atol": float,
