@@ -71,7 +71,8 @@ def sample_inverse_cdf(rng: jax.Array, logprobs: jax.Array) -> jax.Array:
     out) have probability 0 and are never drawn.
 
     Args:
-      rng: PRNG key.
+      rng: one PRNG key for the batch, or a key per row ([N], see `per_row_keys`): then a
+        row's draw depends only on its own key, not on the batch it is in.
       logprobs: f32 [N, V] (log-probs, normalized or not; the row maximum must be finite).
     Returns: int32 [N].
     """
@@ -83,7 +84,7 @@ def sample_inverse_cdf(rng: jax.Array, logprobs: jax.Array) -> jax.Array:
     blocks = probs.reshape(rows, num_blocks, block)
     sums = jnp.sum(blocks, axis=-1)                                       # [N, nb]
     block_cdf = jnp.cumsum(sums, axis=-1)
-    u = jax.random.uniform(rng, (rows, 1), jnp.float32) * block_cdf[:, -1:]
+    u = _uniforms(rng, rows) * block_cdf[:, -1:]
     # The block: the first whose running sum exceeds u (u == total by rounding: the last
     # block with any mass). Everything before it sums to at most u.
     chosen = jnp.minimum(jnp.sum((block_cdf <= u).astype(jnp.int32), axis=-1),
@@ -100,6 +101,32 @@ def sample_inverse_cdf(rng: jax.Array, logprobs: jax.Array) -> jax.Array:
     return (chosen * block + index).astype(jnp.int32)
 
 
+def is_key_batch(rng: jax.Array) -> bool:
+    """True when `rng` holds one PRNG key per row: a typed key array [N] or raw uint32
+    keys [N, 2] (a single key is a typed [] or a raw [2])."""
+    typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    return rng.ndim == (1 if typed else 2)
+
+
+def per_row_keys(rng: jax.Array, row_ids: jax.Array) -> jax.Array:
+    """The key of each row, fold_in(rng, row id): keys [N] for int32 row_ids [N]."""
+    return jax.vmap(lambda r: jax.random.fold_in(rng, r))(row_ids)
+
+
+def step_keys(row_keys: jax.Array, steps: jax.Array) -> jax.Array:
+    """Each row's key for its token index, fold_in(row key, step): keys [N] from keys [N]
+    and int32 steps [N] (or a scalar step for every row)."""
+    steps = jnp.broadcast_to(jnp.asarray(steps, jnp.int32), (row_keys.shape[0],))
+    return jax.vmap(jax.random.fold_in)(row_keys, steps)
+
+
+def _uniforms(rng: jax.Array, rows: int) -> jax.Array:
+    """f32 [rows, 1] uniforms in [0, 1): one per row from its own key, or all from one."""
+    if is_key_batch(rng):
+        return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(rng)[:, None]
+    return jax.random.uniform(rng, (rows, 1), jnp.float32)
+
+
 def _last_true(x: jax.Array) -> jax.Array:
     """bool [N, M] -> int32 [N]: index of the last True of each row (0 if none)."""
     width = x.shape[-1]
@@ -113,7 +140,7 @@ def select_tokens(rng: jax.Array, logits: jax.Array, temperature, top_k, top_p):
     """Chooses one token per row.
 
     Args:
-      rng: PRNG key.
+      rng: PRNG key, or one key per row (see `sample_inverse_cdf`).
       logits: [N, V].
       temperature: f32 scalar; <= 0 means greedy (argmax).
       top_k, top_p: see `filter_logprobs`.

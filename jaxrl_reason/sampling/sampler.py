@@ -35,7 +35,8 @@ from jaxrl_reason.models.params import (cache_length, cache_shardings, init_cach
                                         pad_cache, repeat_cache)
 from jaxrl_reason.models.scoring import positions_from_valid  # noqa: F401 (re-exported)
 from jaxrl_reason.models.transformer import Transformer
-from jaxrl_reason.sampling.filters import select_tokens
+from jaxrl_reason.sampling import refill
+from jaxrl_reason.sampling.filters import is_key_batch, per_row_keys, select_tokens, step_keys
 
 
 @flax.struct.dataclass
@@ -127,6 +128,33 @@ def stage_ends(max_new_tokens: int, stages: int) -> tuple[int, ...]:
                          for i in range(1, stages + 1)}))
 
 
+def resolve_budgets(max_new_tokens, rows: int, max_len: int | None = None):
+    """The output width L and each row's token budget.
+
+    Args:
+      max_new_tokens: an int (every row's budget) or an int array [rows].
+      rows: N; max_len: L (default: the int, or the largest budget).
+    Returns: (L int, budgets int32 numpy [rows]).
+    Raises ValueError naming the first bad row when a budget is < 1 or > L.
+    """
+    if isinstance(max_new_tokens, (int, np.integer)):
+        budgets = np.full((rows,), int(max_new_tokens), np.int32)
+    else:
+        budgets = np.asarray(max_new_tokens)
+        if budgets.shape != (rows,) or not np.issubdtype(budgets.dtype, np.integer):
+            raise ValueError(f"max_new_tokens: expected an int or an int array of shape "
+                             f"({rows},) (one budget per row), got {budgets.dtype} "
+                             f"{budgets.shape}")
+        budgets = budgets.astype(np.int32)
+    length = int(budgets.max()) if max_len is None else int(max_len)
+    for bad, what in ((budgets < 1, "below 1"), (budgets > length, f"above max_len={length}")):
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise ValueError(f"max_new_tokens: row {r} has a budget of {budgets[r]} tokens, "
+                             f"{what} (the cache has room for {length} new tokens)")
+    return length, budgets
+
+
 class Sampler:
     """Generates completions for a batch of prompts with a KV cache.
 
@@ -141,12 +169,14 @@ class Sampler:
         the cache's memory and the bytes each decode step reads, at bf16 rounding of k and v.
       decode_stages: decode stages, each with a cache sized to its end (see the module
         docstring); 1 = one stage over the whole Tp + L buffer.
+      max_num_seqs: slots for slot refill (vLLM's name); 0 = one static batch of all rows.
+      refill_every: with refill, decode steps between two refills of the freed slots.
     """
 
     def __init__(self, model: Transformer, *, eos_id: int | None = None,
                  eos_ids: Sequence[int] = (), pad_id: int, mesh: Mesh | None = None,
                  rules: Iterable[tuple[str, Any]] = shd.DEFAULT_RULES, cache_dtype: Any = None,
-                 decode_stages: int = 4):
+                 decode_stages: int = 4, max_num_seqs: int = 0, refill_every: int = 8):
         ids = ([] if eos_id is None else [int(eos_id)]) + [int(i) for i in eos_ids]
         self.eos_ids = tuple(dict.fromkeys(ids))
         self.eos_id = self.eos_ids[0] if self.eos_ids else -1
@@ -156,42 +186,91 @@ class Sampler:
         self.decode_stages = int(decode_stages)
         if self.decode_stages < 1:
             raise ValueError(f"decode_stages must be >= 1, got {decode_stages}")
+        self.max_num_seqs, self.refill_every = int(max_num_seqs), int(refill_every)
+        if self.max_num_seqs < 0 or self.refill_every < 1:
+            raise ValueError(f"max_num_seqs must be >= 0 (0 = static batch) and refill_every "
+                             f">= 1, got {max_num_seqs} and {refill_every}")
+        self.last_decode_steps = None  # refill: decode iterations of the last call (int32 [])
         self._generate = jax.jit(shd.with_activation_sharding(self._generate_impl, mesh, rules),
                                  static_argnames=("num_samples", "max_new_tokens"))
+        self._refill = jax.jit(
+            shd.with_activation_sharding(functools.partial(refill.generate, self), mesh, rules),
+            static_argnames=("num_samples", "max_new_tokens", "slots", "chunk"))
 
     def __call__(self, params, prompt_tokens, prompt_valid, rng, *, num_samples: int = 1,
-                 max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0) -> SampleOutput:
+                 max_new_tokens, max_len: int | None = None, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = 0) -> SampleOutput:
         """Samples `num_samples` completions for each prompt.
 
         Args:
           params: model params (the live training arrays).
           prompt_tokens: int32 [P, Tp], left-padded; prompt_valid: bool [P, Tp].
-          rng: PRNG key.
+          rng: PRNG key. Row r draws its t-th token with fold_in(fold_in(rng, r), t), so a
+            row's tokens do not depend on the rows beside it nor on slot refill.
           num_samples: G, completions per prompt (static).
-          max_new_tokens: L (static).
+          max_new_tokens: L, an int (static), or an int array [P * G] of per-row budgets
+            (each in [1, max_len]; a row stops after its budget, `truncated` set).
+          max_len: the output width and cache room with per-row budgets (default: the
+            largest budget); static.
           temperature: <= 0 for greedy; top_p in (0, 1]; top_k 0 = off.
-        Returns: SampleOutput with N = P * G rows.
+        Returns: SampleOutput with N = P * G rows, [N, L] with L = max_len.
+        With `max_num_seqs` > 0 the rows run through that many slots with refill
+        (`sampling/refill.py`); the output is the same, row for row.
         """
-        return self._generate(*self._args(params, prompt_tokens, prompt_valid, rng,
-                                          temperature, top_p, top_k),
-                              num_samples=num_samples, max_new_tokens=max_new_tokens)
+        args, static = self._prepare(params, prompt_tokens, prompt_valid, rng, temperature,
+                                     top_p, top_k, num_samples, max_new_tokens, max_len)
+        if self.max_num_seqs:
+            out, steps = self._refill(*args, **static)
+            self.last_decode_steps = steps
+            return out
+        return self._generate(*args, **static)
 
     def lower(self, params, prompt_tokens, prompt_valid, rng, *, num_samples: int = 1,
-              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-              top_k: int = 0) -> jax.stages.Lowered:
+              max_new_tokens, max_len: int | None = None, temperature: float = 1.0,
+              top_p: float = 1.0, top_k: int = 0) -> jax.stages.Lowered:
         """The lowered program of `__call__` with these arguments (arrays or
         ShapeDtypeStructs), e.g. for `.compile().memory_analysis()`."""
-        return self._generate.lower(*self._args(params, prompt_tokens, prompt_valid, rng,
-                                                temperature, top_p, top_k),
-                                    num_samples=num_samples, max_new_tokens=max_new_tokens)
+        args, static = self._prepare(params, prompt_tokens, prompt_valid, rng, temperature,
+                                     top_p, top_k, num_samples, max_new_tokens, max_len)
+        program = self._refill if self.max_num_seqs else self._generate
+        return program.lower(*args, **static)
 
     @staticmethod
     def _args(params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k):
+        """The traced arguments as arrays (ShapeDtypeStructs pass through); the tool
+        sampler's entry point."""
         def arr(x, dtype):
             return x if isinstance(x, jax.ShapeDtypeStruct) else jnp.asarray(x, dtype)
         return (params, arr(prompt_tokens, jnp.int32), arr(prompt_valid, bool), rng,
                 arr(temperature, jnp.float32), arr(top_p, jnp.float32), arr(top_k, jnp.int32))
+
+    def _prepare(self, params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k,
+                 num_samples, max_new_tokens, max_len):
+        """The jitted program's arguments and static keywords; checks budgets and slots."""
+        rows = prompt_tokens.shape[0] * int(num_samples)
+        length, budgets = resolve_budgets(max_new_tokens, rows, max_len)
+        static = {"num_samples": int(num_samples), "max_new_tokens": length}
+        if self.max_num_seqs:
+            if self.max_num_seqs > rows:
+                raise ValueError(f"max_num_seqs={self.max_num_seqs} slots is more than the "
+                                 f"{rows} rows of the batch; use at most {rows}")
+            static.update(slots=self.max_num_seqs, chunk=self.refill_every)
+        args = self._args(params, prompt_tokens, prompt_valid, rng, temperature, top_p,
+                          top_k) + (jnp.asarray(budgets),)
+        return args, static
+
+    def kv_cache_bytes(self, num_prompts: int, prompt_len: int, num_samples: int,
+                       max_new_tokens: int) -> int:
+        """Bytes of the KV cache a call holds at its largest: the static batch's last stage
+        (P * G rows of Tp + L - 1 slots), or with refill `max_num_seqs` slots of Tp + L
+        plus the P prefilled prompts of Tp (kept to refill slots from)."""
+        cfg = self.model.cfg
+        itemsize = jnp.dtype(cfg.dtype if self.cache_dtype is None else self.cache_dtype).itemsize
+        per_slot = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * itemsize
+        if self.max_num_seqs:
+            return per_slot * (self.max_num_seqs * (prompt_len + max_new_tokens)
+                               + num_prompts * prompt_len)
+        return per_slot * num_prompts * num_samples * (prompt_len + max_new_tokens - 1)
 
     def _constrain_cache(self, cache, batch, length):
         if self.mesh is None:
@@ -209,7 +288,8 @@ class Sampler:
     def prefill(self, params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k, *,
                 num_samples: int) -> Prefilled:
         """Prefill once per prompt, share each prompt's cache with its G samples and draw
-        the first token (with key `fold_in(rng, 0)`). Traceable (call it inside a jit);
+        the first token (with key `fold_in(rng, 0)`, or with per-row keys [N] each row's
+        `fold_in(key, 0)`). Traceable (call it inside a jit);
         `_generate_impl` and the tool loop (`sampling/tools.py`) both start here.
 
         Args: as `__call__` (prompt_tokens int32 [P, Tp], prompt_valid bool [P, Tp]).
@@ -223,45 +303,48 @@ class Sampler:
         logits, cache = apply(prompt_tokens, positions_from_valid(prompt_valid), prompt_valid,
                               cache, 0)
         repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
-        first, first_lp = select_tokens(jax.random.fold_in(rng, 0), repeat(logits[:, -1]),
-                                        temperature, top_k, top_p)
+        key = step_keys(rng, 0) if is_key_batch(rng) else jax.random.fold_in(rng, 0)
+        first, first_lp = select_tokens(key, repeat(logits[:, -1]), temperature, top_k, top_p)
         return Prefilled(cache=repeat_cache(cache, num_samples),
                          next_position=repeat(jnp.sum(prompt_valid, axis=1).astype(jnp.int32)),
                          prompt_valid=repeat(prompt_valid), first=first, first_logprob=first_lp)
 
     def _generate_impl(self, params, prompt_tokens, prompt_valid, rng, temperature, top_p,
-                       top_k, *, num_samples, max_new_tokens):
+                       top_k, budgets, *, num_samples, max_new_tokens):
         num_prompts, prompt_len = prompt_tokens.shape
         rows = num_prompts * num_samples
         apply = functools.partial(self.model.apply, {"params": params})
+        row_keys = per_row_keys(rng, jnp.arange(rows, dtype=jnp.int32))
 
-        start = self.prefill(params, prompt_tokens, prompt_valid, rng, temperature, top_p,
-                             top_k, num_samples=num_samples)
+        start = self.prefill(params, prompt_tokens, prompt_valid, row_keys, temperature,
+                             top_p, top_k, num_samples=num_samples)
         cache, next_position = start.cache, start.next_position
         prompt_valid, first, first_lp = start.prompt_valid, start.first, start.first_logprob
 
         tokens = jnp.full((rows, max_new_tokens), self.pad_id, jnp.int32).at[:, 0].set(first)
         logprobs = jnp.zeros((rows, max_new_tokens), jnp.float32).at[:, 0].set(first_lp)
-        done = self._is_stop(first)
+        eos = self._is_stop(first)
         lengths = jnp.ones((rows,), jnp.int32)
+        done = eos | (lengths >= budgets)
 
         def body(key_valid, state):
-            step, tokens, logprobs, done, lengths, cache = state
+            step, tokens, logprobs, done, eos, lengths, cache = state
             slot = prompt_len + step - 1  # cache slot of the token being fed
             feed = jax.lax.dynamic_slice_in_dim(tokens, step - 1, 1, axis=1)
             positions = (next_position + step - 1)[:, None]
             logits, cache = apply(feed, positions, key_valid, cache, slot)
-            new, new_lp = select_tokens(jax.random.fold_in(rng, step), logits[:, 0],
+            new, new_lp = select_tokens(step_keys(row_keys, step), logits[:, 0],
                                         temperature, top_k, top_p)
             new = jnp.where(done, self.pad_id, new)
             new_lp = jnp.where(done, 0.0, new_lp)
             tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new[:, None], step, axis=1)
             logprobs = jax.lax.dynamic_update_slice_in_dim(logprobs, new_lp[:, None], step, axis=1)
             lengths = lengths + (~done).astype(jnp.int32)
-            done = done | self._is_stop(new)
-            return step + 1, tokens, logprobs, done, lengths, cache
+            eos = eos | (~done & self._is_stop(new))
+            done = done | eos | (lengths >= budgets)
+            return step + 1, tokens, logprobs, done, eos, lengths, cache
 
-        state = (jnp.int32(1), tokens, logprobs, done, lengths)
+        state = (jnp.int32(1), tokens, logprobs, done, eos, lengths)
         for end in stage_ends(max_new_tokens, self.decode_stages):
             # Slots of the tokens fed up to step end - 1; generated slots are all valid keys
             # (causality hides the ones not written yet).
@@ -277,5 +360,5 @@ class Sampler:
 
             *state, cache = jax.lax.while_loop(cond, functools.partial(body, key_valid),
                                                (*state, cache))
-        _, tokens, logprobs, done, lengths = state
-        return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths, truncated=~done)
+        _, tokens, logprobs, _, eos, lengths = state
+        return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths, truncated=~eos)

@@ -50,7 +50,7 @@ import numpy as np
 from jaxrl_reason import distributed
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.models.params import cache_length, pad_cache
-from jaxrl_reason.sampling.filters import select_tokens
+from jaxrl_reason.sampling.filters import per_row_keys, select_tokens, step_keys
 from jaxrl_reason.sampling.sampler import SampleOutput, Sampler, stage_ends
 from jaxrl_reason.tools.runner import RESULT_CLOSE, ToolRunner
 
@@ -247,8 +247,10 @@ class ToolSampler:
 
     def _start_impl(self, params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k,
                     max_calls, *, num_samples, max_new_tokens):
-        start = self.sampler.prefill(params, prompt_tokens, prompt_valid, rng, temperature,
-                                     top_p, top_k, num_samples=num_samples)
+        row_keys = per_row_keys(rng, jnp.arange(prompt_tokens.shape[0] * num_samples,
+                                                dtype=jnp.int32))
+        start = self.sampler.prefill(params, prompt_tokens, prompt_valid, row_keys,
+                                     temperature, top_p, top_k, num_samples=num_samples)
         rows, length = start.first.shape[0], max_new_tokens
         tokens = jnp.full((rows, length), self.pad_id, jnp.int32).at[:, 0].set(start.first)
         done = self._is_stop(start.first)
@@ -302,13 +304,14 @@ class ToolSampler:
             [state.prompt_valid, jnp.ones((rows, cache_length(state.cache) - prompt_len), bool)],
             axis=1)
         last = self.max_result_tokens - 1
+        row_keys = per_row_keys(rng, jnp.arange(rows, dtype=jnp.int32))  # as Sampler's
 
         def body(s: ToolDecodeState) -> ToolDecodeState:
             step = s.step
             feed = jax.lax.dynamic_slice_in_dim(s.tokens, step - 1, 1, axis=1)
             logits, cache = apply(feed, (s.next_position + step - 1)[:, None], key_valid,
                                   s.cache, prompt_len + step - 1)
-            new, new_lp = select_tokens(jax.random.fold_in(rng, step), logits[:, 0],
+            new, new_lp = select_tokens(step_keys(row_keys, step), logits[:, 0],
                                         temperature, top_k, top_p)
             forcing = (s.forced_next < s.forced_len) & ~s.done
             result_token = jnp.take_along_axis(

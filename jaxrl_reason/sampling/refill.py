@@ -1,0 +1,193 @@
+"""Slot refill (continuous batching on one mesh): S slots decode, a stopped row's slot takes
+the next queued row. The whole batch runs in ONE jitted call, the queue on device:
+
+    prompts [P, Tp] --prefill once per prompt--> prompt cache [P, Tp], last logits [P, V]
+    while a row is queued or a slot is busy:
+        refill: every free slot takes the next row r (row order, group-major): the KV of
+                its prompt r // G is copied into the slot's columns [0, Tp), its first
+                token drawn from the prompt's last logits (repeated while a row stops at
+                its first token)
+        decode `chunk` steps: one token for every busy slot, each slot at its own step
+
+Cache layout, per slot, Tp + L columns: the prompt in [0, Tp), generated token t (fed back
+at step t + 1) in Tp + t, and a scratch column C - 1 = Tp + L - 1. The model writes a step's
+key/value at one cache index shared by the batch, so every slot writes at the scratch
+column and attends over its own columns (the key mask is per slot); the scratch column is
+then copied to the slot's column Tp + t. Slots at different steps thus share one program
+with static shapes: one compile per (slots, Tp, L), none between calls.
+
+The KV cache holds S * (Tp + L) + P * Tp slots instead of the static batch's
+P * G * (Tp + L - 1): memory is set by the slots. Row r draws its t-th token with
+fold_in(fold_in(rng, r), t), as the static batch does, so the output does not depend on S.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_reason.models.params import init_cache
+from jaxrl_reason.models.scoring import positions_from_valid
+from jaxrl_reason.sampling.filters import per_row_keys, select_tokens, step_keys
+
+
+def _batch_axis(x: jax.Array) -> int:
+    """The batch axis of a cache leaf ([B, K, S, hd] or [layers, B, K, S, hd])."""
+    return x.ndim - 4
+
+
+def copy_prompts(cache, prompt_cache, prompt_ids: jax.Array, take: jax.Array):
+    """The slots' cache with each taken slot's prompt columns replaced by its prompt's.
+
+    Args:
+      cache: slot cache, leaves [..., S, K, C, hd]; prompt_cache: leaves [..., P, K, Tp, hd].
+      prompt_ids: int32 [S] prompt of each slot (any value where not taken).
+      take: bool [S] slots that take a new row.
+    Returns: the cache, columns [0, Tp) of the taken slots overwritten.
+    """
+    def one(x, p):
+        width = p.shape[-2]
+        new = jnp.take(p, prompt_ids, axis=_batch_axis(p))
+        keep = take.reshape((-1, 1, 1, 1))
+        return x.at[..., :width, :].set(jnp.where(keep, new.astype(x.dtype), x[..., :width, :]))
+    return jax.tree.map(one, cache, prompt_cache)
+
+
+def move_scratch(cache, columns: jax.Array):
+    """Copies each slot's scratch column (the last) to its column `columns[s]`.
+
+    Args: cache leaves [..., S, K, C, hd]; columns int32 [S] in [0, C - 1).
+    Returns: the cache with those columns written (the scratch column unchanged).
+    """
+    def one(x):
+        axis = _batch_axis(x)
+        scratch = x[..., -1:, :]
+
+        def put(slot, value, col):
+            return jax.lax.dynamic_update_slice_in_dim(slot, value, col, axis=-2)
+        return jax.vmap(put, in_axes=(axis, axis, 0), out_axes=axis)(x, scratch, columns)
+    return jax.tree.map(one, cache)
+
+
+def slot_key_valid(prompt_valid: jax.Array, step: jax.Array, length: int) -> jax.Array:
+    """The keys a slot's query attends to at decode step `step` (feeding token step - 1).
+
+    Args: prompt_valid bool [S, Tp]; step int32 [S] (>= 1); length: C, the cache columns.
+    Returns: bool [S, C]: valid prompt columns, generated columns Tp .. Tp + step - 2, and
+    the scratch column C - 1, where the fed token's key is written.
+    """
+    prompt_len = prompt_valid.shape[1]
+    col = jnp.arange(length)[None, :]
+    generated = (col >= prompt_len) & (col < prompt_len + step[:, None] - 1)
+    padded = jnp.pad(prompt_valid, ((0, 0), (0, length - prompt_len)))
+    return padded | generated | (col == length - 1)
+
+
+def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k,
+             budgets, *, num_samples: int, max_new_tokens: int, slots: int, chunk: int):
+    """Slot-refill decoding; traced inside `Sampler._refill`'s jit.
+
+    Args:
+      sampler: the Sampler (model, stop ids, pad id, cache dtype and layout).
+      params, prompt_tokens int32 [P, Tp], prompt_valid bool [P, Tp], rng, temperature,
+      top_p, top_k: as `Sampler.__call__`; budgets: int32 [N] per-row token budgets.
+      num_samples: G; max_new_tokens: L; slots: S; chunk: decode steps between refills.
+    Returns: (SampleOutput with N = P * G rows in row order, int32 [] decode steps run;
+    slot occupancy = (sum(lengths) - N) / (S * steps)).
+    """
+    from jaxrl_reason.sampling.sampler import SampleOutput  # the module imports this one
+
+    num_prompts, prompt_len = prompt_tokens.shape
+    rows, length = num_prompts * num_samples, prompt_len + max_new_tokens
+    apply = functools.partial(sampler.model.apply, {"params": params})
+    row_keys = per_row_keys(rng, jnp.arange(rows, dtype=jnp.int32))
+    select = functools.partial(select_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p)
+
+    prompt_cache = sampler._constrain_cache(
+        init_cache(sampler.model.cfg, num_prompts, prompt_len, sampler.cache_dtype),
+        num_prompts, prompt_len)
+    logits, prompt_cache = apply(prompt_tokens, positions_from_valid(prompt_valid),
+                                 prompt_valid, prompt_cache, 0)
+    last_logits = logits[:, -1]                                              # [P, V]
+    prompt_next = jnp.sum(prompt_valid, axis=1).astype(jnp.int32)            # [P]
+
+    out = {"tokens": jnp.full((rows, max_new_tokens), sampler.pad_id, jnp.int32),
+           "logprobs": jnp.zeros((rows, max_new_tokens), jnp.float32),
+           "lengths": jnp.zeros((rows,), jnp.int32), "eos": jnp.zeros((rows,), bool)}
+    slot = {"row": jnp.full((slots,), -1, jnp.int32), "step": jnp.ones((slots,), jnp.int32),
+            "last": jnp.zeros((slots,), jnp.int32), "pos0": jnp.zeros((slots,), jnp.int32),
+            "valid": jnp.zeros((slots, prompt_len), bool)}
+    cache = sampler._constrain_cache(
+        init_cache(sampler.model.cfg, slots, length, sampler.cache_dtype), slots, length)
+
+    def write(out, rows_, index, token, logprob, eos):
+        """Writes a token per slot to the output rows `rows_` (rows_ == N: dropped)."""
+        return {"tokens": out["tokens"].at[rows_, index].set(token, mode="drop"),
+                "logprobs": out["logprobs"].at[rows_, index].set(logprob, mode="drop"),
+                "lengths": out["lengths"].at[rows_].set(index + 1, mode="drop"),
+                "eos": out["eos"].at[rows_].set(eos, mode="drop")}
+
+    def refill_once(state):
+        out, slot, cache, queued, steps = state
+        free = slot["row"] < 0
+        new_row = queued + jnp.cumsum(free.astype(jnp.int32)) - 1
+        take = free & (new_row < rows)
+        row = jnp.where(take, new_row, slot["row"])
+        prompt = jnp.clip(row, 0, rows - 1) // num_samples
+        cache = copy_prompts(cache, prompt_cache, prompt, take)
+        first, first_lp = select(step_keys(row_keys[jnp.clip(row, 0, rows - 1)], 0),
+                                 last_logits[prompt])
+        eos = sampler._is_stop(first)
+        out = write(out, jnp.where(take, row, rows), jnp.zeros_like(row), first, first_lp, eos)
+        stopped = take & (eos | (budgets[jnp.clip(row, 0, rows - 1)] <= 1))
+        slot = {"row": jnp.where(stopped, -1, row),
+                "step": jnp.where(take, 1, slot["step"]),
+                "last": jnp.where(take, first, slot["last"]),
+                "pos0": jnp.where(take, prompt_next[prompt], slot["pos0"]),
+                "valid": jnp.where(take[:, None], prompt_valid[prompt], slot["valid"])}
+        return out, slot, cache, queued + jnp.sum(take.astype(jnp.int32)), steps
+
+    def can_refill(state):
+        _, slot, _, queued, _ = state
+        return jnp.any(slot["row"] < 0) & (queued < rows)
+
+    def decode_step(state):
+        out, slot, cache, queued, steps = state
+        busy = slot["row"] >= 0
+        row = jnp.clip(slot["row"], 0, rows - 1)
+        step = slot["step"]
+        key_valid = slot_key_valid(slot["valid"], step, length)
+        positions = (slot["pos0"] + step - 1)[:, None]
+        logits, cache = apply(slot["last"][:, None], positions, key_valid, cache, length - 1)
+        cache = move_scratch(cache, jnp.minimum(prompt_len + step - 1, length - 2))
+        cache = sampler._constrain_cache(cache, slots, length)
+        new, new_lp = select(step_keys(row_keys[row], step), logits[:, 0])
+        eos = sampler._is_stop(new)
+        out = write(out, jnp.where(busy, row, rows), step, new, new_lp, eos)
+        stopped = busy & (eos | (step + 1 >= budgets[row]))
+        slot = dict(slot, row=jnp.where(stopped, -1, slot["row"]),
+                    step=jnp.where(busy, step + 1, step), last=new)
+        return out, slot, cache, queued, steps + 1
+
+    def run_chunk(state):
+        state = jax.lax.while_loop(can_refill, refill_once, state)
+
+        def cond(carry):
+            i, state = carry
+            return (i < chunk) & jnp.any(state[1]["row"] >= 0)
+
+        _, state = jax.lax.while_loop(cond, lambda c: (c[0] + 1, decode_step(c[1])),
+                                      (jnp.int32(0), state))
+        return state
+
+    def pending(state):
+        _, slot, _, queued, _ = state
+        return jnp.any(slot["row"] >= 0) | (queued < rows)
+
+    state = (out, slot, cache, jnp.int32(0), jnp.int32(0))
+    out, _, _, _, steps = jax.lax.while_loop(pending, run_chunk, state)
+    return SampleOutput(tokens=out["tokens"], logprobs=out["logprobs"],
+                        lengths=out["lengths"], truncated=~out["eos"]), steps

@@ -1,0 +1,152 @@
+"""Slot refill against the static batch (greedy and T = 1, token for token, several slot
+counts, one and eight devices), per-row budgets, their validation, one compile per shape,
+and the decode-step count (slot occupancy)."""
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_reason import models, sharding as shd
+from jaxrl_reason.models.params import init_cache
+from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.sampling.sampler import Sampler, left_pad, resolve_budgets
+from numerics import decoder_tolerance
+
+PAD = 0
+PROMPT_LENGTHS = (6, 3, 1, 4)
+BUCKET, G, L = 6, 4, 12
+ROWS = len(PROMPT_LENGTHS) * G
+CFG = models.get_preset("test", init_std=0.5)  # large weights: diverse, non-repeating outputs
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    return left_pad([list(rng.integers(1, CFG.vocab_size, n)) for n in PROMPT_LENGTHS],
+                    BUCKET, PAD)
+
+
+@pytest.fixture(scope="module")
+def meshes():
+    return {"1dev": shd.make_mesh({"data": 1}, devices=jax.devices()[:1]),
+            "8dev": shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})}
+
+
+@pytest.fixture(scope="module")
+def params(meshes):
+    return {name: models.init_params(CFG, jax.random.key(0), mesh, shd.DEFAULT_RULES)
+            for name, mesh in meshes.items()}
+
+
+@pytest.fixture(scope="module")
+def budgets():
+    return np.random.default_rng(3).integers(1, L + 1, ROWS).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def eos_id(params, prompts, meshes):
+    """A token that some rows emit before their end and others never (so rows stop at
+    different steps, by EOS)."""
+    out = _sample(Sampler(Transformer(CFG), eos_id=-1, pad_id=PAD, mesh=meshes["1dev"]),
+                  params["1dev"], prompts, L, temperature=0.0)
+    counts = [(int(((out.tokens[:, :-1] == t).any(1)).sum()), int(t))
+              for t in np.unique(out.tokens)]
+    usable = [(c, t) for c, t in counts if 0 < c < ROWS]
+    assert usable, "no token stops some rows and not others"
+    return max(usable)[1]
+
+
+def _sample(sampler, params, prompts, budgets, seed=1, **kwargs):
+    out = sampler(params, *prompts, jax.random.key(seed), num_samples=G,
+                  max_new_tokens=budgets, max_len=L, **kwargs)
+    return jax.tree.map(np.asarray, out)
+
+
+def _sampler(mesh, eos_id, slots, every=3):
+    return Sampler(Transformer(CFG), eos_id=eos_id, pad_id=PAD, mesh=mesh,
+                   max_num_seqs=slots, refill_every=every)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_refill_equals_static_batch(params, prompts, meshes, budgets, eos_id, temperature):
+    static = _sample(_sampler(meshes["1dev"], eos_id, 0), params["1dev"], prompts, budgets,
+                     temperature=temperature)
+    assert (static.lengths <= budgets).all()
+    assert (static.lengths[static.truncated] == budgets[static.truncated]).all()
+    assert (~static.truncated[static.lengths < budgets]).all()  # EOS ended those rows
+    assert (~static.truncated).any() and (static.truncated & (static.lengths > 1)).any()
+    tol = decoder_tolerance(CFG, params["1dev"], tokens=BUCKET + L,
+                            temperature=max(temperature, 1.0))
+    for mesh, slots, every in (("1dev", 1, 1), ("1dev", 3, 4), ("1dev", ROWS, 2),
+                               ("8dev", 4, 3), ("8dev", 8, 1)):
+        sampler = _sampler(meshes[mesh], eos_id, slots, every)
+        out = _sample(sampler, params[mesh], prompts, budgets, temperature=temperature)
+        where = f"{mesh}, {slots} slots, refill every {every}"
+        np.testing.assert_array_equal(out.tokens, static.tokens, err_msg=where)
+        np.testing.assert_array_equal(out.lengths, static.lengths, err_msg=where)
+        np.testing.assert_array_equal(out.truncated, static.truncated, err_msg=where)
+        np.testing.assert_allclose(out.logprobs, static.logprobs, rtol=0, atol=tol,
+                                   err_msg=where)
+        assert (out.logprobs[np.arange(L)[None] >= out.lengths[:, None]] == 0).all()
+
+
+def test_int_budget_keeps_the_static_output(params, prompts, meshes, eos_id):
+    """An int max_new_tokens and the same value for every row give one output."""
+    sampler = _sampler(meshes["1dev"], eos_id, 0)
+    a = _sample(sampler, params["1dev"], prompts, L, temperature=1.0)
+    b = _sample(sampler, params["1dev"], prompts, np.full(ROWS, L, np.int32), temperature=1.0)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_budgets_cap_every_row(params, prompts, meshes):
+    """Without a stop id every row runs exactly to its own budget and is truncated."""
+    small = np.tile(np.array([1, 2, 5, L], np.int32), ROWS // 4)
+    for slots in (0, 2):
+        out = _sample(_sampler(meshes["1dev"], -1, slots), params["1dev"], prompts, small)
+        np.testing.assert_array_equal(out.lengths, small)
+        assert out.truncated.all()
+        assert (out.tokens[np.arange(L)[None] >= small[:, None]] == PAD).all()
+
+
+def test_decode_steps_and_occupancy(params, prompts, meshes, budgets):
+    """One slot decodes exactly sum(lengths - 1) steps (no idle slot-step); more slots run
+    at least that work divided by the slots."""
+    useful = int(budgets.sum()) - ROWS
+    for slots, every in ((1, 5), (4, 1), (4, 4)):
+        sampler = _sampler(meshes["1dev"], -1, slots, every)
+        _sample(sampler, params["1dev"], prompts, budgets)
+        steps = int(sampler.last_decode_steps)
+        assert steps * slots >= useful and steps >= budgets.max() - 1
+        if slots == 1:
+            assert steps == useful
+
+
+def test_one_compile_across_calls(params, prompts, meshes, budgets):
+    sampler = _sampler(meshes["1dev"], -1, 4)
+    for seed, temperature, b in ((1, 1.0, budgets), (2, 0.0, np.roll(budgets, 1)),
+                                 (3, 0.7, L)):
+        _sample(sampler, params["1dev"], prompts, b, seed=seed, temperature=temperature)
+    assert sampler._refill._cache_size() == 1
+
+
+def test_bad_budgets_and_slots_are_refused(params, prompts, meshes):
+    with pytest.raises(ValueError, match="row 2 has a budget of 0"):
+        resolve_budgets(np.array([3, 1, 0, 2]), 4)
+    with pytest.raises(ValueError, match=r"row 1 has a budget of 9 .*above max_len=8"):
+        resolve_budgets(np.array([3, 9]), 2, max_len=8)
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        resolve_budgets(np.array([3, 1]), 4)
+    with pytest.raises(ValueError, match="more than the 16 rows"):
+        _sample(_sampler(meshes["1dev"], -1, ROWS + 1), params["1dev"], prompts, L)
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 0"):
+        _sampler(meshes["1dev"], -1, -1)
+
+
+def test_kv_cache_bytes_match_the_caches():
+    def nbytes(batch, length):
+        return sum(x.nbytes for x in jax.tree.leaves(init_cache(CFG, batch, length)))
+    P = len(PROMPT_LENGTHS)
+    static = Sampler(Transformer(CFG), eos_id=-1, pad_id=PAD)
+    refill = Sampler(Transformer(CFG), eos_id=-1, pad_id=PAD, max_num_seqs=5)
+    assert static.kv_cache_bytes(P, BUCKET, G, L) == nbytes(ROWS, BUCKET + L - 1)
+    assert refill.kv_cache_bytes(P, BUCKET, G, L) == nbytes(5, BUCKET + L) + nbytes(P, BUCKET)
