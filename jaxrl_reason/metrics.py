@@ -237,7 +237,8 @@ class _WandbRun:
         name = options.name or os.path.basename(os.path.normpath(workdir))
         self.run = wandb.init(project=options.project, entity=options.entity or None,
                               name=name, mode=options.mode, dir=local_dir, id=run_id,
-                              resume="allow", config=dict(options.config) if options.config else None)
+                              resume="allow",
+                              config=dict(options.config) if options.config else None)
         self._phases: set[str] = set()
 
     def log(self, phase: str, step: int, values: Mapping[str, float]) -> None:
