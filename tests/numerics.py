@@ -31,6 +31,11 @@ tolerance for `rtol=`.
 
 The bound is worst case (it grows like n u; random rounding errors grow like sqrt(n) u), so
 a result outside it is a bug, not unlucky rounding.
+
+Model-level helpers apply it with magnitudes read from the parameters: `rms_projection_bound`
+(the terms of a projection of an RMS-normed vector, by Cauchy-Schwarz), `decoder_tolerance`
+(log-probs or logits), `decoder_grad_tolerance`, `kv_cache_tolerance`,
+`value_head_tolerance`, and `attention_tolerance` / `attention_loss_tolerances`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ in several orders, and bad arguments are refused."""
 import numpy as np
 import pytest
 
-from numerics import F32_UNIT_ROUNDOFF, abs_matmul_magnitude, f32_tolerance, gamma
+from numerics import (F32_UNIT_ROUNDOFF, abs_matmul_magnitude, attention_tolerance,
+                      f32_tolerance, gamma, rms_projection_bound)
 
 
 def test_gamma_values():
@@ -54,3 +55,37 @@ def test_abs_matmul_magnitude():
     assert abs_matmul_magnitude(np.array([[1.0, -1.0]]), np.array([[1.0], [1.0]])) == 2.0
     with pytest.raises(ValueError, match="do not match"):
         abs_matmul_magnitude(x, w[:1])
+
+
+def test_rms_projection_bound_bounds_the_terms():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 16)) * rng.uniform(0.1, 10, size=(50, 1))
+    scale, w = rng.normal(size=16), rng.normal(size=(16, 2, 3))
+    h = x / np.sqrt(np.mean(x ** 2, -1, keepdims=True)) * scale
+    terms = np.abs(h) @ np.abs(w.reshape(16, -1))
+    bound = rms_projection_bound(scale, w)
+    assert terms.max() <= bound < 10 * terms.max()  # holds, and is not vacuous
+    assert rms_projection_bound(scale - 1.0, w, plus_one=True) == pytest.approx(bound)
+    with pytest.raises(ValueError, match="scale"):
+        rms_projection_bound(scale[:3], w)
+
+
+def test_attention_tolerance_holds_against_float64():
+    """float32 attention (two summation orders: jnp and numpy) vs float64."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=shape) * 3 for shape in ((4, 16), (40, 16), (40, 16)))
+    scale = 16 ** -0.5
+
+    def attend(q, k, v, xp):
+        s = (q @ k.T) * scale
+        p = xp.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ v
+
+    exact = attend(q, k, v, np)
+    tol = attention_tolerance(q, k, v, keys=40, scale=scale)
+    for got in (np.asarray(attend(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), jnp)),
+                attend(*(a.astype(np.float32) for a in (q, k, v)), np)):
+        assert np.abs(got - exact).max() <= tol
+    assert tol < 0.01 * np.abs(v).max()
