@@ -4,6 +4,12 @@ The optimizer state is created by a jitted `init` whose outputs are laid out exp
 the params (`opt_state_shardings`): Adam moments are params-shaped, so FSDP shards them too
 (ZeRO-3). XLA would not do it by itself: `zeros_like(params)` does not depend on the params'
 values, so without out_shardings the moments came back replicated on every device.
+
+Trainable leaves: when the params hold LoRA adapters (`models.lora`), only the adapter leaves
+are trained. `value_and_grad` differentiates those alone (the base's gradients are never
+computed; a quantized base could not be differentiated at all), the optimizer state covers
+only them, and `apply_gradients` updates only them. Without adapters every leaf is trainable
+and all of this is the plain full fine-tuning.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_reason.models.lora import has_adapters, merge_trees, split_adapters
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -22,6 +30,36 @@ class TrainState:
     step: jax.Array
     params: Any
     opt_state: Any
+
+
+def split_trainable(params: Any) -> tuple[Any, Any]:
+    """(trainable, frozen): the adapter leaves and the rest when `params` holds LoRA
+    adapters, else (params, {}). `combine(trainable, frozen)` is `params` again."""
+    if has_adapters(params):
+        return split_adapters(params)
+    return params, {}
+
+
+def trainable_params(params: Any) -> Any:
+    """The leaves the optimizer trains (see `split_trainable`)."""
+    return split_trainable(params)[0]
+
+
+def combine(trainable: Any, frozen: Any) -> Any:
+    """Inverse of `split_trainable`."""
+    return merge_trees(trainable, frozen) if frozen else trainable
+
+
+def value_and_grad(fn, has_aux: bool = False):
+    """`jax.value_and_grad(fn)` over only the trainable leaves of its first argument (the
+    params): returns (value, grads) with grads shaped like `trainable_params(params)`."""
+
+    def wrapped(params, *args, **kwargs):
+        trainable, frozen = split_trainable(params)
+        return jax.value_and_grad(lambda t: fn(combine(t, frozen), *args, **kwargs),
+                                  has_aux=has_aux)(trainable)
+
+    return wrapped
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
@@ -72,8 +110,9 @@ def create_train_state(params: Any, optimizer: optax.GradientTransformation) -> 
     placed on it replicated: a donated update returns them that way, and inputs laid out
     differently on the first call would make every update function compile twice.
     """
+    trainable = trainable_params(params)
     opt_state = jax.jit(optimizer.init,
-                        out_shardings=opt_state_shardings(optimizer, params))(params)
+                        out_shardings=opt_state_shardings(optimizer, trainable))(trainable)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
     sharding = getattr(jax.tree.leaves(params)[0], "sharding", None) if params else None
     if not isinstance(sharding, jax.sharding.NamedSharding):
@@ -91,9 +130,13 @@ def create_train_state(params: Any, optimizer: optax.GradientTransformation) -> 
 
 def apply_gradients(state: TrainState, grads: Any,
                     optimizer: optax.GradientTransformation) -> tuple[TrainState, jax.Array]:
-    """One optimizer update (call inside jit). Returns the new state and the gradient norm."""
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    """One optimizer update (call inside jit). Returns the new state and the gradient norm.
+
+    grads: shaped like `trainable_params(state.params)` (a full tree is cut down to it)."""
+    trainable, frozen = split_trainable(state.params)
+    grads = trainable_params(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+    params = combine(optax.apply_updates(trainable, updates), frozen)
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), optax.tree.norm(grads)
 
 
@@ -107,6 +150,7 @@ def apply_gradients_if_finite(state: TrainState, grads: Any, loss: jax.Array,
     state: a select needs both states alive at once (params and optimizer state twice),
     while the conditional's branch updates the donated buffers in place.
     """
+    grads = trainable_params(grads)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     state = jax.lax.cond(ok, lambda s: apply_gradients(s, grads, optimizer)[0],

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from jaxrl_reason.models.lora import LoraConfig, lora_config
+
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _DTYPES = ("float32", "bfloat16", "float16")
 _LOGPROBS_IMPLS = ("auto", "full", "chunked", "pallas")
@@ -105,6 +107,9 @@ class ModelConfig:
             float32 score tensors are [chunk, S] instead of [T, S] per head (long-completion
             training: 5k tokens x 28 heads is 2.8 GB per layer unchunked). Same values; decode
             (one query) is unaffected.
+        lora: None, or LoRA adapters on chosen projections (`models.lora.LoraConfig`; a
+            mapping with its fields or PEFT's names is converted), optionally over a quantized
+            frozen base (QLoRA).
     """
 
     vocab_size: int
@@ -143,8 +148,10 @@ class ModelConfig:
     attention_chunk: int = 0
     logprobs_seq_chunk: int = 128
     logprobs_vocab_chunk: int = 8192
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "lora", lora_config(self.lora))
         problems = []
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                  "mlp_hidden"):

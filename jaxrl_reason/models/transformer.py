@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.lora import Projection
 from jaxrl_reason.sharding import constrain
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
@@ -353,6 +354,10 @@ class Attention(nn.Module):
         groups = cfg.n_heads // cfg.n_kv_heads
 
         def proj(name, heads, head_logical):
+            if cfg.lora is not None:
+                return projection(cfg, f"attn.{name}", (heads, cfg.head_dim), 1,
+                                  ("embed", head_logical, "head_dim"), cfg.qkv_bias,
+                                  (head_logical, "head_dim"))(x)
             return nn.DenseGeneral(
                 (heads, cfg.head_dim), axis=-1, use_bias=cfg.qkv_bias, dtype=dtype,
                 param_dtype=pdtype, name=name,
@@ -398,9 +403,13 @@ class Attention(nn.Module):
             else:
                 out = _attend(cfg, q, k, v, mask)
         out = out.reshape(batch, length, cfg.n_heads, cfg.head_dim)
-        out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=dtype,
-                              param_dtype=pdtype, name="o_proj",
-                              kernel_init=_init(cfg, ("heads", "head_dim", "embed")))(out)
+        if cfg.lora is not None:
+            out = projection(cfg, "attn.o_proj", (cfg.d_model,), 2,
+                             ("heads", "head_dim", "embed"), False)(out)
+        else:
+            out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=dtype,
+                                  param_dtype=pdtype, name="o_proj",
+                                  kernel_init=_init(cfg, ("heads", "head_dim", "embed")))(out)
         return out, new_cache
 
 
@@ -455,6 +464,22 @@ def cpu_dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
     return narrow_transpose_matmul(lhs, rhs)
 
 
+def projection(cfg: ModelConfig, qualified: str, features: tuple, contract: int,
+               kernel_logical: tuple, use_bias: bool, bias_logical: tuple = ()) -> Projection:
+    """The `lora.Projection` named after `qualified` ("attn.q_proj", ...) for a model with
+    `cfg.lora`: adapted when a LoRA target matches it, its kernel quantized per
+    `cfg.lora.base_quant`. Same params layout and values as the flax Dense it replaces."""
+    dtype = jnp.dtype(cfg.dtype)
+    dot = (cpu_dense_dot_general if _cpu_float32(dtype) and len(features) == 1
+           and contract == 1 else None)
+    return Projection(features=tuple(features), contract=contract, use_bias=use_bias,
+                      dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
+                      kernel_init=nn.initializers.normal(cfg.init_std),
+                      kernel_logical=tuple(kernel_logical), bias_logical=tuple(bias_logical),
+                      lora=cfg.lora, adapted=cfg.lora.targeted(qualified), dot_general=dot,
+                      name=qualified.split(".")[1])
+
+
 class MLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)). SwiGLU with silu, GeGLU with gelu_tanh."""
     cfg: ModelConfig
@@ -464,9 +489,13 @@ class MLP(nn.Module):
         cfg = self.cfg
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         dot = cpu_dense_dot_general if _cpu_float32(dtype) else None
-        dense = lambda feats, logical, name: nn.Dense(  # noqa: E731
-            feats, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
-            kernel_init=_init(cfg, logical), dot_general=dot)
+        if cfg.lora is not None:
+            dense = lambda feats, logical, name: projection(  # noqa: E731
+                cfg, f"mlp.{name}", (feats,), 1, logical, False)
+        else:
+            dense = lambda feats, logical, name: nn.Dense(  # noqa: E731
+                feats, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
+                kernel_init=_init(cfg, logical), dot_general=dot)
         hidden = ("batch", "length", "mlp")
         gate = constrain(dense(cfg.mlp_hidden, ("embed", "mlp"), "gate_proj")(x), hidden)
         up = constrain(dense(cfg.mlp_hidden, ("embed", "mlp"), "up_proj")(x), hidden)
