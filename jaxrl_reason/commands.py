@@ -309,12 +309,22 @@ def sample(fv) -> int:
 
 def export(fv) -> int:
     """A run's checkpoint as a Hugging Face model directory (config.json, safetensors,
-    tokenizer files) that transformers and other tools load."""
+    tokenizer files) that transformers and other tools load; a LoRA run's as the merged
+    model, its base and the adapter in PEFT's format (`models.lora_export`)."""
     from jaxrl_reason.models import hf
     mesh = shd.make_mesh({"data": -1})
     params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, shd.DEFAULT_RULES)
     params = distributed.to_host(params)  # every process takes part in the gather
-    if distributed.is_primary():
+    if distributed.is_primary() and model_cfg.lora is not None:
+        # LoRA: <out>/merged and <out>/base (HF layout), <out>/adapter (PEFT's format)
+        from jaxrl_reason.models.lora_export import export_lora
+        written = export_lora(model_cfg, params, fv.out, dtype=fv.dtype,
+                              max_shard_bytes=fv.max_shard_bytes)
+        files = [f for group in written.values() for f in group]
+        for sub in ("merged", "base", "adapter"):
+            tokenizer.save_dir(os.path.join(fv.out, sub))
+        _say(f"wrote {len(files)} files to {fv.out}/{{merged,base,adapter}}")
+    elif distributed.is_primary():
         files = hf.export_hf_checkpoint(model_cfg, params, fv.out, dtype=fv.dtype,
                                         max_shard_bytes=fv.max_shard_bytes)
         tokenizer.save_dir(fv.out)
