@@ -89,6 +89,16 @@ def test_did_you_mean(capsys, args, needle):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_float_flags_are_refused(capsys, value):
+    code, _, err = _exit(capsys, "sample", "--checkpoint", "x", "--prompt", "p",
+                         f"--temperature={value}")
+    assert code == 2 and f"--temperature={float(value)}: must be a finite number" in err
+    code, _, err = _exit(capsys, "reward-model", "--config", SMOKE, "--data", "d.jsonl",
+                         f"--learning_rate={value}")
+    assert code == 2 and "--learning_rate" in err and "finite" in err
+
+
 def test_missing_required_flag_is_named(capsys):
     code, _, err = _exit(capsys, "export", "--checkpoint", "x")
     assert code == 2 and "missing required flag --out" in err

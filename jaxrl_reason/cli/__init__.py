@@ -18,6 +18,7 @@ JAX_PROCESS_ID).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from typing import Sequence
@@ -80,6 +81,15 @@ def _loaded_config(argv: Sequence[str]):
     return None
 
 
+def _check_finite(fv: flags.FlagValues) -> None:
+    """Raises flags.Error for a float flag given as nan or inf (absl accepts both, and no
+    float flag means them: a NaN rate would train to NaN parameters)."""
+    for name in fv:
+        value = fv[name].value
+        if fv[name].flag_type() == "float" and value is not None and not math.isfinite(value):
+            raise flags.Error(f"--{name}={value}: must be a finite number")
+
+
 def absolutize(fv: flags.FlagValues) -> None:
     """Makes the local paths among `fv`'s path flags and its config's path fields absolute
     (`paths.absolute`), relative to the current directory."""
@@ -120,6 +130,7 @@ def parse(argv: Sequence[str]):
         missing = [f"--{name}" for name in command.required if fv[name].value is None]
         if missing:
             raise flags.Error(f"missing required flag {', '.join(missing)} (see --help)")
+        _check_finite(fv)
         if "config" in fv and fv.config is not None:
             fv.config.get("name")  # a config file that failed to load raises only on access
     except (flags.Error, KeyError, ValueError, AttributeError, TypeError, OSError) as e:
