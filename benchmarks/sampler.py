@@ -5,6 +5,7 @@ r"""Our sampler on the anchors' models and workload (../shared/anchors/spec.json
     python benchmarks/sampler.py --scaling                # cost vs rows and vs length
     python benchmarks/sampler.py --profile /tmp/trace     # + a jax.profiler trace summary
     python benchmarks/sampler.py --quick                  # "test" preset, tiny workload (tests)
+    python benchmarks/sampler.py --workload long_tail --models bench-tiny   # slot refill
 
 Workload (the spec's "sampler"): 16 seeded random prompts of 32 tokens (the anchors' ids),
 8 samples each = 128 rows, 128 new tokens, temperature 1, top-p 1, top-k off, random-init
@@ -20,6 +21,14 @@ through XLA at the model's decode shapes ([128, d] x [d, ...]) and of the best m
 measured on the machine (XLA 1024^3 or numpy's probe), and the load average (the CPU is shared:
 figures taken under load are provisional). The output line `RESULT_JSON {...}` is what
 benchmarks/compare.sh reads.
+
+`--workload long_tail` (the spec's "long_tail"): 32 prompts x 8 = 256 rows, each with its own
+seeded stop length (the anchors' `common.long_tail_lengths`, given to the sampler as per-row
+budgets; no stop id). It times slot refill (`--slots`, `--refill-every`) and our static batch
+on the same lengths in one invocation: useful tokens/s = sum(lengths) / median seconds, slot
+occupancy = useful decode slot-steps / all decode slot-steps (each row's first token comes
+from the prefill), and the KV-cache bytes of each (`Sampler.kv_cache_bytes`).
+`--sweep-refill-every 1 4 8 16` first times one call per refill period.
 """
 from __future__ import annotations
 
@@ -231,6 +240,81 @@ def scaling(name: str, args) -> list[dict]:
     return out
 
 
+def long_tail_lengths(spec: dict) -> np.ndarray:
+    """The anchors' per-row stop lengths (their `common.long_tail_lengths`), int32 [rows]."""
+    sys.path.insert(0, str(roofline.SPEC_PATH.parent))
+    import common  # the anchors' helpers (stdlib + numpy)
+    return common.long_tail_lengths(spec).astype(np.int32)
+
+
+def long_tail(name: str, args) -> dict:
+    """Slot refill against our static batch on the long-tail lengths, one invocation."""
+    spec = args.spec_data
+    if spec is None or "long_tail" not in spec:
+        raise SystemExit(f"--workload long_tail needs the anchors' spec.json with a long_tail "
+                         f"workload ({roofline.SPEC_PATH} or --spec)")
+    roofline.check_preset_matches_spec(name, spec)
+    w = spec["long_tail"]
+    lengths = long_tail_lengths(spec)
+    g, max_len = w["samples_per_prompt"], w["max_new_tokens"]
+    cfg, params, static = build(name, args.cache_dtype, args.decode_stages, args.devices)
+    prompts = prompt_ids(cfg.vocab_size, w["n_prompts"], w["prompt_len"])
+    valid = np.ones_like(prompts, bool)
+    rows, useful = len(lengths), int(lengths.sum())
+    sampling = {k: w[k] for k in ("temperature", "top_p", "top_k")}
+
+    def refill_sampler(every):
+        return Sampler(static.model, eos_id=-1, pad_id=0, cache_dtype=static.cache_dtype,
+                       mesh=static.mesh, rules=static.rules, max_num_seqs=args.slots,
+                       refill_every=every)
+
+    def timed(sampler, warmup, timed_calls):
+        calls = [0]
+
+        def generate():
+            calls[0] += 1
+            out = sampler(params, prompts, valid, jax.random.key(calls[0]), num_samples=g,
+                          max_new_tokens=lengths, max_len=max_len, **sampling)
+            assert (np.asarray(out.lengths) == lengths).all(), "a row missed its length"
+        return roofline.time_calls(generate, warmup, timed_calls)
+
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    sweep = []
+    for every in args.sweep_refill_every or ():
+        sampler = refill_sampler(every)
+        t = timed(sampler, 1, 1)
+        sweep.append({"refill_every": every, "s": round(t["median_s"], 3),
+                      "useful_tok_s": round(useful / t["median_s"], 1),
+                      "decode_steps": int(sampler.last_decode_steps)})
+        print(f"SWEEP refill_every={every:3d}: {sweep[-1]}", flush=True)
+    refill = refill_sampler(args.refill_every)
+    t_refill = timed(refill, w["warmup_calls"], w["timed_calls"])
+    steps = int(refill.last_decode_steps)
+    t_static = timed(static, w["warmup_calls"], w["timed_calls"])
+    decode_work = useful - rows  # decode slot-steps a row needs: its length - 1
+    kv = {"refill": refill.kv_cache_bytes(w["n_prompts"], w["prompt_len"], g, max_len),
+          "static": static.kv_cache_bytes(w["n_prompts"], w["prompt_len"], g, max_len)}
+    return {
+        "system": "jaxrl_reason.Sampler", "workload": "long_tail", "model": name,
+        "rows": rows, "useful_tokens": useful, "max_new_tokens": max_len,
+        "slots": args.slots, "refill_every": args.refill_every,
+        "useful_tok_s": useful / t_refill["median_s"],
+        "static_useful_tok_s": useful / t_static["median_s"],
+        "speedup_vs_static": t_static["median_s"] / t_refill["median_s"],
+        "slot_occupancy": decode_work / (args.slots * steps),
+        "static_slot_occupancy": decode_work / (rows * (int(lengths.max()) - 1)),
+        "decode_steps": steps, "kv_cache_bytes": kv["refill"],
+        "static_kv_cache_bytes": kv["static"],
+        "median_s": t_refill["median_s"], "static_median_s": t_static["median_s"],
+        "timed_s": t_refill["timed_s"], "static_timed_s": t_static["timed_s"],
+        "first_call_s": t_refill["first_call_s"],
+        "static_first_call_s": t_static["first_call_s"], "refill_every_sweep": sweep,
+        "devices": args.devices, "cache_dtype": args.cache_dtype or str(jnp.dtype(cfg.dtype)),
+        "peak_rss_mib": round(peak_rss_mib(), 1), "loadavg_start": load_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=None,
@@ -249,8 +333,19 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", default=None, help="anchors' spec.json (default: shared path)")
     ap.add_argument("--quick", action="store_true", help="'test' preset, tiny workload")
     ap.add_argument("--json", help="write all results to this file")
+    ap.add_argument("--workload", choices=("sampler", "long_tail"), default="sampler",
+                    help="the spec's fixed-length sampler workload, or long_tail (slot "
+                         "refill against the static batch on per-row lengths)")
+    ap.add_argument("--slots", type=int, default=32,
+                    help="long_tail: slots of the refill sampler (rl.max_num_seqs)")
+    ap.add_argument("--refill-every", type=int, default=8,
+                    help="long_tail: decode steps between refills")
+    ap.add_argument("--sweep-refill-every", type=int, nargs="*",
+                    help="long_tail: first time one call for each of these refill periods")
     args = ap.parse_args(argv)
     args.spec_data = roofline.load_spec(args.spec)
+    if args.workload == "long_tail":
+        return main_long_tail(args)
     names = args.models or (["test"] if args.quick else ["bench-tiny", "bench-small"])
     w = workload_from_spec(args.spec_data, args.quick)
     rows = [w["n_prompts"] * w["samples_per_prompt"]]
@@ -277,6 +372,28 @@ def main(argv=None) -> int:
         print("RESULT_JSON " + json.dumps(r), flush=True)
     if args.scaling:
         results["scaling"] = scaling(names[0], args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def main_long_tail(args) -> int:
+    """--workload long_tail: one RESULT_JSON line per model."""
+    w = args.spec_data["long_tail"] if args.spec_data else {"rows": 256}
+    args.devices = roofline.use_cpu_devices(args.cpu_devices, [w["rows"], args.slots])
+    results = {"machine": roofline.machine_info(probe=False), "runs": {}}
+    for name in args.models or ["bench-tiny"]:
+        r = long_tail(name, args)
+        results["runs"][name] = r
+        print(f"{name} long_tail: refill ({r['slots']} slots, refill every "
+              f"{r['refill_every']}) {r['useful_tok_s']:.0f} useful tok/s, static batch "
+              f"{r['static_useful_tok_s']:.0f} ({r['speedup_vs_static']:.2f}x); occupancy "
+              f"{100 * r['slot_occupancy']:.1f}% vs {100 * r['static_slot_occupancy']:.1f}%; "
+              f"KV cache {r['kv_cache_bytes'] / 2**20:.1f} MiB vs "
+              f"{r['static_kv_cache_bytes'] / 2**20:.1f} MiB; load {r['loadavg_start']} -> "
+              f"{r['loadavg_end']}", flush=True)
+        print("RESULT_JSON " + json.dumps(r), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -221,8 +221,10 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
         model_cfg = model_config(config.model, tokenizer.vocab_size)
     model = Transformer(model_cfg)
     sampler_cls = GatheredSampler if jax.process_count() > 1 else Sampler
+    rl = config.get("rl") or {}
     sampler = sampler_cls(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
-                          rules=rules)
+                          rules=rules, max_num_seqs=rl.get("max_num_seqs", 0),
+                          refill_every=rl.get("refill_every", 8))
     sampler = with_tools(sampler, config, tokenizer)  # RL rollouts, eval, distill
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)

@@ -198,6 +198,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     if not (isinstance(micro, int) and micro >= 1):
         problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
+    problems += _refill_problems(config, dp)
     bucket = _get(config, "rl.train_length_bucket")
     if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \
             and bucket > config.rl.max_new_tokens:
@@ -206,6 +207,27 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     problems += _reward_problems(config)
     problems += _reward_model_problems(config)
     problems += _tool_problems(config)
+    return problems
+
+
+def _refill_problems(config, dp: int | None) -> list[str]:
+    """rl.max_num_seqs (slot-refill slots) and rl.refill_every."""
+    slots, every = _get(config, "rl.max_num_seqs", 0), _get(config, "rl.refill_every", 8)
+    if not (isinstance(slots, int) and slots >= 0):
+        return [f"rl.max_num_seqs: must be an int >= 0 (0 = static batch), got {slots!r}"]
+    problems = [] if isinstance(every, int) and every >= 1 else [
+        f"rl.refill_every: must be an int >= 1 (decode steps between refills), got {every!r}"]
+    prompts, group = _get(config, "rl.batch_prompts"), _get(config, "rl.num_generations")
+    rows = prompts * group if isinstance(prompts, int) and isinstance(group, int) else None
+    if slots and rows is not None and slots > rows:
+        problems.append(f"rl.max_num_seqs: {slots} slots is more than the {rows} rows of a "
+                        f"rollout batch (rl.batch_prompts x rl.num_generations)")
+    if slots and dp and slots % dp:
+        problems.append(f"rl.max_num_seqs: {slots} slots do not split over the {dp} "
+                        f"data-parallel shards of the mesh")
+    if slots and _get(config, "tools.enabled", False):
+        problems.append("rl.max_num_seqs: slot refill does not run tool calls; set it to 0 "
+                        "with tools.enabled")
     return problems
 
 

@@ -3,7 +3,8 @@ the next queued row. The whole batch runs in ONE jitted call, the queue on devic
 
     prompts [P, Tp] --prefill once per prompt--> prompt cache [P, Tp], last logits [P, V]
     while a row is queued or a slot is busy:
-        refill: every free slot takes the next row r (row order, group-major): the KV of
+        refill: every free slot takes the next queued row r (larger budgets first, then
+                row order; see `queue_order`): the KV of
                 its prompt r // G is copied into the slot's columns [0, Tp), its first
                 token drawn from the prompt's last logits (repeated while a row stops at
                 its first token)
@@ -85,6 +86,13 @@ def slot_key_valid(prompt_valid: jax.Array, step: jax.Array, length: int) -> jax
     return padded | generated | (col == length - 1)
 
 
+def queue_order(budgets: jax.Array) -> jax.Array:
+    """The order rows enter the slots: larger budgets first (longest-processing-time first,
+    which keeps the long rows out of the tail), ties in row order; with one budget for
+    every row, row order. int32 [N] row ids from int32 budgets [N]."""
+    return jnp.argsort(-budgets, stable=True).astype(jnp.int32)
+
+
 def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k,
              budgets, *, num_samples: int, max_new_tokens: int, slots: int, chunk: int):
     """Slot-refill decoding; traced inside `Sampler._refill`'s jit.
@@ -103,6 +111,7 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
     rows, length = num_prompts * num_samples, prompt_len + max_new_tokens
     apply = functools.partial(sampler.model.apply, {"params": params})
     row_keys = per_row_keys(rng, jnp.arange(rows, dtype=jnp.int32))
+    order = queue_order(budgets)
     select = functools.partial(select_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p)
 
@@ -133,9 +142,9 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
     def refill_once(state):
         out, slot, cache, queued, steps = state
         free = slot["row"] < 0
-        new_row = queued + jnp.cumsum(free.astype(jnp.int32)) - 1
-        take = free & (new_row < rows)
-        row = jnp.where(take, new_row, slot["row"])
+        position = queued + jnp.cumsum(free.astype(jnp.int32)) - 1
+        take = free & (position < rows)
+        row = jnp.where(take, order[jnp.minimum(position, rows - 1)], slot["row"])
         prompt = jnp.clip(row, 0, rows - 1) // num_samples
         cache = copy_prompts(cache, prompt_cache, prompt, take)
         first, first_lp = select(step_keys(row_keys[jnp.clip(row, 0, rows - 1)], 0),

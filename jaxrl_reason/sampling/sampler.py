@@ -17,6 +17,12 @@ copy) and its sampling parameters (temperature, top-p, top-k) are traced values,
 compiles one program per (prompt bucket, G, L) shape; `runtime.encode_prompts` pads prompts to
 one of `task.prompt_buckets`. Output rows are group-major: row r = prompt r // G, sample r % G.
 Nothing leaves the device inside the call.
+
+Row r draws its t-th token with the key fold_in(fold_in(rng, r), t), so a row's tokens depend
+on its prompt, its key and the sampling parameters, not on the rows beside it. Each row may
+have its own token budget (`max_new_tokens` as an array). With `max_num_seqs` > 0 the rows run
+through that many slots with refill instead (`sampling/refill.py`): same output, KV memory set
+by the slots, and no decode step spent on a row that has stopped.
 """
 
 from __future__ import annotations
@@ -170,6 +176,7 @@ class Sampler:
       decode_stages: decode stages, each with a cache sized to its end (see the module
         docstring); 1 = one stage over the whole Tp + L buffer.
       max_num_seqs: slots for slot refill (vLLM's name); 0 = one static batch of all rows.
+        A call with fewer rows than slots runs one slot per row.
       refill_every: with refill, decode steps between two refills of the freed slots.
     """
 
@@ -250,11 +257,8 @@ class Sampler:
         rows = prompt_tokens.shape[0] * int(num_samples)
         length, budgets = resolve_budgets(max_new_tokens, rows, max_len)
         static = {"num_samples": int(num_samples), "max_new_tokens": length}
-        if self.max_num_seqs:
-            if self.max_num_seqs > rows:
-                raise ValueError(f"max_num_seqs={self.max_num_seqs} slots is more than the "
-                                 f"{rows} rows of the batch; use at most {rows}")
-            static.update(slots=self.max_num_seqs, chunk=self.refill_every)
+        if self.max_num_seqs:  # a smaller batch (an evaluation) takes one slot per row
+            static.update(slots=min(self.max_num_seqs, rows), chunk=self.refill_every)
         args = self._args(params, prompt_tokens, prompt_valid, rng, temperature, top_p,
                           top_k) + (jnp.asarray(budgets),)
         return args, static
@@ -268,7 +272,8 @@ class Sampler:
         itemsize = jnp.dtype(cfg.dtype if self.cache_dtype is None else self.cache_dtype).itemsize
         per_slot = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * itemsize
         if self.max_num_seqs:
-            return per_slot * (self.max_num_seqs * (prompt_len + max_new_tokens)
+            slots = min(self.max_num_seqs, num_prompts * num_samples)
+            return per_slot * (slots * (prompt_len + max_new_tokens)
                                + num_prompts * prompt_len)
         return per_slot * num_prompts * num_samples * (prompt_len + max_new_tokens - 1)
 

@@ -76,7 +76,7 @@ def test_refill_equals_static_batch(params, prompts, meshes, budgets, eos_id, te
     assert (~static.truncated).any() and (static.truncated & (static.lengths > 1)).any()
     tol = decoder_tolerance(CFG, params["1dev"], tokens=BUCKET + L,
                             temperature=max(temperature, 1.0))
-    for mesh, slots, every in (("1dev", 1, 1), ("1dev", 3, 4), ("1dev", ROWS, 2),
+    for mesh, slots, every in (("1dev", 1, 1), ("1dev", 3, 4), ("1dev", ROWS + 4, 2),
                                ("8dev", 4, 3), ("8dev", 8, 1)):
         sampler = _sampler(meshes[mesh], eos_id, slots, every)
         out = _sample(sampler, params[mesh], prompts, budgets, temperature=temperature)
@@ -129,15 +129,13 @@ def test_one_compile_across_calls(params, prompts, meshes, budgets):
     assert sampler._refill._cache_size() == 1
 
 
-def test_bad_budgets_and_slots_are_refused(params, prompts, meshes):
+def test_bad_budgets_and_slots_are_refused(meshes):
     with pytest.raises(ValueError, match="row 2 has a budget of 0"):
         resolve_budgets(np.array([3, 1, 0, 2]), 4)
     with pytest.raises(ValueError, match=r"row 1 has a budget of 9 .*above max_len=8"):
         resolve_budgets(np.array([3, 9]), 2, max_len=8)
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
         resolve_budgets(np.array([3, 1]), 4)
-    with pytest.raises(ValueError, match="more than the 16 rows"):
-        _sample(_sampler(meshes["1dev"], -1, ROWS + 1), params["1dev"], prompts, L)
     with pytest.raises(ValueError, match="max_num_seqs must be >= 0"):
         _sampler(meshes["1dev"], -1, -1)
 
@@ -150,3 +148,27 @@ def test_kv_cache_bytes_match_the_caches():
     refill = Sampler(Transformer(CFG), eos_id=-1, pad_id=PAD, max_num_seqs=5)
     assert static.kv_cache_bytes(P, BUCKET, G, L) == nbytes(ROWS, BUCKET + L - 1)
     assert refill.kv_cache_bytes(P, BUCKET, G, L) == nbytes(5, BUCKET + L) + nbytes(P, BUCKET)
+    # fewer rows than slots: one slot per row
+    assert refill.kv_cache_bytes(1, BUCKET, 2, L) == nbytes(2, BUCKET + L) + nbytes(1, BUCKET)
+
+
+def test_config_knobs_are_validated_and_reach_the_sampler(tmp_path):
+    from cli_runs import ARITH, load_config
+    from jaxrl_reason.runtime import build_runtime
+    from jaxrl_reason.validation import validate_config
+
+    config = load_config(ARITH)  # smoke: 4 prompts x 4 generations = 16 rows
+    assert config.rl.max_num_seqs == 0  # the static batch stays the default
+    config.rl.max_num_seqs = 8
+    assert validate_config(config, 8) == []
+    rt = build_runtime(config, str(tmp_path), devices=jax.devices()[:1])
+    assert (rt.sampler.max_num_seqs, rt.sampler.refill_every) == (8, config.rl.refill_every)
+    for slots, every, message in ((17, 8, "more than the 16 rows"),
+                                  (-1, 8, "must be an int >= 0"),
+                                  (8, 0, "rl.refill_every: must be an int >= 1")):
+        config.rl.max_num_seqs, config.rl.refill_every = slots, every
+        problems = validate_config(config, 8)
+        assert any(message in p for p in problems), (slots, every, problems)
+    config.rl.max_num_seqs, config.rl.refill_every = 6, 8
+    assert any("do not split over the 4 data-parallel" in p and p.startswith("rl.max_num_seqs")
+               for p in validate_config(config, 4))
