@@ -46,7 +46,8 @@ from flax.core import meta
 __all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude",
            "logit_terms_bound", "rms_projection_bound", "decoder_tolerance",
            "decoder_grad_tolerance", "attention_tolerance", "attention_loss_tolerances",
-           "kv_cache_tolerance", "value_head_tolerance"]
+           "kv_cache_tolerance", "value_head_tolerance",
+           "group_advantage_tolerance"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -292,3 +293,56 @@ def value_head_tolerance(cfg, params, *, tokens: int) -> float:
     magnitude += float(np.abs(np.asarray(head["bias"], np.float64)).max())
     n = max(cfg.d_model, cfg.mlp_hidden, cfg.n_heads * cfg.head_dim, tokens)
     return f32_tolerance(n, magnitude, chain=2 * cfg.n_layers + 1)
+
+
+def group_advantage_tolerance(rewards, group_size: int, *, estimator: str = "grpo",
+                              scale: str = "group", eps: float = 1e-6, ddof: int = 0,
+                              orders: int = 2) -> dict:
+    """`f32_tolerance`s for `group_advantages` / `group_stats` computed in two orders.
+
+    R = max |r|. Per side: the group mean is a sum of G terms and a division (gamma_G R
+    + u R); the centered value c (group mean, leave-one-out mean with its G/(G-1) <= 2,
+    or the batch mean over N) is off by dc = 3 gamma_n 2R; a std over n values of size <= X
+    by 3 gamma_n X (its mean, its sum of squares, the sqrt and the division), plus dc when
+    it is the std of the centered values ("batch" scale, X = 2R). The advantage
+    a = c / (s + eps) is then off by (dc + |a| ds) / (s + eps) + u |a|, taken at the float64
+    s and a of every sample. Zero-variance groups give exactly 0 on both sides.
+
+    Args:
+      rewards: float array [N]; group_size: int G dividing N; estimator, scale, eps, ddof:
+        as `group_advantages` takes them; orders: as in `f32_tolerance`.
+    Returns:
+      dict of python floats: "advantages", "mean" and "std" (of `group_stats`) atols.
+    """
+    r = np.asarray(rewards, np.float64).reshape(-1, group_size)
+    big_r, n_all = float(np.abs(r).max(initial=0.0)), r.size
+    u = F32_UNIT_ROUNDOFF
+
+    def std(x, axis):
+        n = x.size if axis is None else x.shape[axis]
+        d = x - x.mean(axis=axis, keepdims=True)
+        return np.sqrt((d * d).sum(axis=axis) / max(n - ddof, 1))
+
+    n_c = n_all if estimator == "reinforce_pp" else group_size
+    if estimator == "rloo":
+        c = (r - (r.sum(1, keepdims=True) - r) / max(group_size - 1, 1))
+    elif estimator == "reinforce_pp":
+        c = r - r.mean()
+    else:
+        c = r - r.mean(1, keepdims=True)
+    dc = 3 * gamma(n_c) * 2 * big_r
+    if scale == "group":
+        s = np.broadcast_to(std(r, 1)[:, None], r.shape)
+        ds = 3 * gamma(group_size) * big_r
+    elif scale == "batch":
+        s = np.full(r.shape, std(c, None))
+        ds = dc + 3 * gamma(n_all) * 2 * big_r
+    else:  # no scaling: a = c
+        s, ds, eps = np.ones(r.shape), 0.0, 0.0
+    live = s > 0  # elsewhere both sides give exactly 0
+    a = np.where(live, c / np.where(live, s + eps, 1.0), 0.0)
+    adv = np.where(live, (dc + np.abs(a) * ds) / np.where(live, s + eps, 1.0) + u * np.abs(a),
+                   0.0)
+    return {"advantages": float(orders * adv.max(initial=0.0)),
+            "mean": f32_tolerance(group_size, big_r, chain=2, orders=orders),
+            "std": f32_tolerance(group_size, big_r, chain=3, orders=orders)}

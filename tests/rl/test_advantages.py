@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from numerics import F32_UNIT_ROUNDOFF, f32_tolerance, group_advantage_tolerance
+
 from jaxrl_reason.rl.advantages import (
     ADVANTAGE_ESTIMATORS,
     ADVANTAGE_SCALES,
@@ -69,23 +71,33 @@ def test_matches_reference(estimator, scale, ddof):
     got = group_advantages(rewards, 3, estimator=estimator, scale=scale, eps=1e-6, ddof=ddof)
     want = reference_advantages(rewards, 3, estimator, scale, 1e-6, ddof)
     assert got.shape == (15,) and got.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    # float32 vs a float64 reference: G = 3, N = 15 rewards of size max |r| (orders=1).
+    atol = group_advantage_tolerance(rewards, 3, estimator=estimator, scale=scale, eps=1e-6,
+                                     ddof=ddof, orders=1)["advantages"]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=atol)
 
 
 def test_known_values():
     rewards = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], np.float32)  # G=3
+
+    def tol(**kw):  # float32 vs exact values: G = 3, N = 6 rewards in [0, 1] (orders=1)
+        return group_advantage_tolerance(rewards, 3, orders=1, **kw)["advantages"]
+
     grpo = group_advantages(rewards, 3, scale="none")
-    np.testing.assert_allclose(grpo, [2 / 3, -1 / 3, -1 / 3, 0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(grpo, [2 / 3, -1 / 3, -1 / 3, 0, 0, 0], atol=tol(scale="none"))
     rloo = group_advantages(rewards, 3, estimator="rloo", scale="none")
-    np.testing.assert_allclose(rloo, [1.0, -0.5, -0.5, 0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(rloo, [1.0, -0.5, -0.5, 0, 0, 0],
+                               atol=tol(estimator="rloo", scale="none"))
     rpp = group_advantages(rewards, 3, estimator="reinforce_pp", scale="none")
-    np.testing.assert_allclose(rpp, rewards - 4 / 6, atol=1e-6)
+    np.testing.assert_allclose(rpp, rewards - 4 / 6,
+                               atol=tol(estimator="reinforce_pp", scale="none"))
     # Population std of [1, 0, 0] is sqrt(2)/3; Bessel-corrected is sqrt(1/3).
     pop = group_advantages(rewards, 3, eps=0.0)
-    np.testing.assert_allclose(pop[:3], np.array([2, -1, -1]) / 3 / (math.sqrt(2) / 3), atol=1e-5)
+    np.testing.assert_allclose(pop[:3], np.array([2, -1, -1]) / 3 / (math.sqrt(2) / 3),
+                               atol=tol(eps=0.0))
     bessel = group_advantages(rewards, 3, eps=0.0, ddof=1)
     np.testing.assert_allclose(bessel[:3], np.array([2, -1, -1]) / 3 / math.sqrt(1 / 3),
-                               atol=1e-5)
+                               atol=tol(eps=0.0, ddof=1))
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
@@ -119,14 +131,25 @@ def test_batch_scale_gives_unit_std():
     rewards = _rewards(num_groups=4, group_size=4, seed=2)
     for estimator in ADVANTAGE_ESTIMATORS:
         adv = np.asarray(group_advantages(rewards, 4, estimator=estimator, scale="batch", eps=0))
-        np.testing.assert_allclose(adv.std(), 1.0, rtol=1e-5)
+        # Exactly 1 in exact arithmetic: each advantage's float32 bound (N = 16, orders=1),
+        # plus numpy's float32 std of 16 values of size max |adv| (mean, squares, sqrt).
+        atol = (group_advantage_tolerance(rewards, 4, estimator=estimator, scale="batch",
+                                          eps=0.0, orders=1)["advantages"]
+                + f32_tolerance(16, float(np.abs(adv).max()), chain=3, orders=1))
+        np.testing.assert_allclose(adv.std(), 1.0, rtol=0, atol=atol)
 
 
 def test_rloo_is_rescaled_grpo():
     rewards = _rewards(num_groups=3, group_size=4, seed=3)
     grpo = group_advantages(rewards, 4, estimator="grpo", scale="none")
     rloo = group_advantages(rewards, 4, estimator="rloo", scale="none")
-    np.testing.assert_allclose(rloo, grpo * 4 / 3, rtol=1e-5, atol=1e-6)
+    # Two float32 formulas (G = 4): each within its bound of the exact value, plus the two
+    # roundings of grpo * 4 / 3.
+    atol = (group_advantage_tolerance(rewards, 4, estimator="rloo", scale="none",
+                                      orders=1)["advantages"]
+            + 4 / 3 * group_advantage_tolerance(rewards, 4, scale="none", orders=1)["advantages"]
+            + 2 * F32_UNIT_ROUNDOFF * float(np.abs(rloo).max()))
+    np.testing.assert_allclose(rloo, grpo * 4 / 3, rtol=0, atol=atol)
 
 
 def test_group_size_one():
@@ -144,7 +167,10 @@ def test_jit_and_no_nan_gradient():
         for scale in ADVANTAGE_SCALES:
             fn = functools.partial(group_advantages, group_size=4, estimator=estimator,
                                    scale=scale)
-            np.testing.assert_allclose(jax.jit(fn)(rewards), fn(rewards), rtol=1e-6, atol=1e-6)
+            # jit vs eager: XLA may fuse and reorder the sums (G = 4, N = 8 rewards).
+            atol = group_advantage_tolerance(rewards, 4, estimator=estimator,
+                                             scale=scale)["advantages"]
+            np.testing.assert_allclose(jax.jit(fn)(rewards), fn(rewards), rtol=0, atol=atol)
             grad = jax.grad(lambda r: jnp.sum(fn(r) ** 2))(rewards)
             assert np.all(np.isfinite(np.asarray(grad)))
 
@@ -154,9 +180,11 @@ def test_group_stats():
     for ddof in (0, 1):
         stats = jax.jit(functools.partial(group_stats, group_size=4, ddof=ddof))(rewards)
         groups = rewards.reshape(3, 4).astype(np.float64)
-        np.testing.assert_allclose(stats["mean"], [sum(g) / 4 for g in groups], rtol=1e-6)
+        tol = group_advantage_tolerance(rewards, 4, ddof=ddof, orders=1)  # vs float64, G = 4
+        np.testing.assert_allclose(stats["mean"], [sum(g) / 4 for g in groups], rtol=0,
+                                   atol=tol["mean"])
         np.testing.assert_allclose(stats["std"], [_std(list(g), ddof) for g in groups],
-                                   rtol=1e-5, atol=1e-7)
+                                   rtol=0, atol=tol["std"])
         np.testing.assert_array_equal(stats["zero_variance"], [False, True, False])
         assert stats["zero_variance"].dtype == jnp.bool_
         assert stats["std"][1] == 0.0
