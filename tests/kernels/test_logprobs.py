@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from numerics import abs_matmul_magnitude, decoder_tolerance, f32_tolerance
+
 from jaxrl_reason import models, sharding as shd
 from jaxrl_reason.kernels import logprobs as lp
 from jaxrl_reason.models import scoring
@@ -35,16 +37,40 @@ def _values_and_grads(fn, hidden, w, targets, cotangents):
     return run(hidden, w, targets, cotangents)
 
 
-def _assert_close(got, want, rel):
-    """Each array within rel * (its largest reference magnitude) + 1e-6."""
-    for name, a, b in zip(("logp", "entropy", "d_hidden", "d_unembedding"), got, want):
+def _f32_atols(hidden, w, temperature, want):
+    """float32 bounds (tests/numerics.py) of the four outputs of `_values_and_grads`.
+
+    Logits: a length-D dot product whose terms sum to at most abs_matmul_magnitude(h, W) / T
+    (a soft-cap only shrinks them), then the length-V log-softmax (the log of a sum of
+    positive terms, off by gamma_V absolute): chain 2, n = max(D, V).
+    The entropy moves by at most log V times that. The gradients run those reductions again,
+    transposed, and dW sums over the B * L rows: chain 4, n = max(D, V, B * L), norm-wise
+    relative to the largest entry (x (1 + 2 logit terms): a logit error scales p).
+    """
+    batch, length, dim = hidden.shape
+    vocab = w.shape[1]
+    terms = abs_matmul_magnitude(np.asarray(hidden, np.float32).reshape(-1, dim),
+                                 np.asarray(w, np.float32)) / temperature
+    logp = f32_tolerance(max(dim, vocab), terms + 1.0, chain=2)  # + 1: log of the sum
+    n_grad = max(dim, vocab, batch * length)
+    grads = [f32_tolerance(n_grad, float(np.abs(np.asarray(g, np.float64)).max())
+                           * (1.0 + 2.0 * terms), chain=4) for g in want[2:]]
+    return [logp, logp * max(1.0, float(np.log(vocab))), *grads]
+
+
+def _assert_close(got, want, atols):
+    """Each array within its atol."""
+    for name, a, b, atol in zip(("logp", "entropy", "d_hidden", "d_unembedding"), got, want,
+                                atols):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert a.shape == b.shape and np.all(np.isfinite(a)), name
-        np.testing.assert_allclose(a, b, atol=rel * np.abs(b).max() + 1e-6, rtol=0, err_msg=name)
+        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=name)
 
 
 def _check(impl_fn, shape, *, temperature=1.0, softcap=None, with_entropy=True,
-           dtype=jnp.float32, w_dtype=None, rel=1e-5, seed=0):
+           dtype=jnp.float32, w_dtype=None, rel=None, seed=0):
+    """rel=None: float32 inputs, the float32 bound of `_f32_atols`; else (bf16 inputs, whose
+    rounding is not float32's) each output within rel * its largest reference entry."""
     hidden, w, targets, cotangents = _inputs(seed, *shape, dtype=dtype, w_dtype=w_dtype)
     got = _values_and_grads(
         lambda h, u, y: impl_fn(h, u, y, temperature=temperature, softcap=softcap,
@@ -54,7 +80,12 @@ def _check(impl_fn, shape, *, temperature=1.0, softcap=None, with_entropy=True,
         logp, entropy = lp.logprobs_reference(h, u, y, temperature, softcap=softcap)
         return logp, (entropy if with_entropy else jnp.zeros_like(entropy))
 
-    _assert_close(got, _values_and_grads(reference, hidden, w, targets, cotangents), rel)
+    want = _values_and_grads(reference, hidden, w, targets, cotangents)
+    if rel is None:
+        atols = _f32_atols(hidden, w, temperature, want)
+    else:
+        atols = [rel * float(np.abs(np.asarray(b, np.float32)).max()) for b in want]
+    _assert_close(got, want, atols)
 
 
 def _chunked(seq_chunk, vocab_chunk):
@@ -200,13 +231,17 @@ def test_matches_completion_logprobs_on_test_model():
         return want, hidden, model.apply({"params": params}, method=Transformer.unembedding)
 
     want, hidden, unembedding = score(params, prompt, prompt_valid, completion, mask)
+    # Other log-softmax orders after the same trunk: the decoder's float32 bound over
+    # prompt_len + length tokens; the entropy's x log V (tests/numerics.py).
+    atol = decoder_tolerance(cfg, params, tokens=prompt_len + length, temperature=temperature)
+    atols = (atol, atol * float(np.log(cfg.vocab_size)))
     for impl in lp.IMPLS:
         got = lp.token_logprobs(hidden, unembedding, completion, impl=impl,
                                 temperature=temperature, seq_chunk=4, vocab_chunk=48,
                                 block_sizes=PALLAS_BLOCKS, interpret=True)
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(np.asarray(g * mask), np.asarray(w), atol=1e-5,
-                                       err_msg=impl)
+        for g, w, tol in zip(got, want, atols):
+            np.testing.assert_allclose(np.asarray(g * mask), np.asarray(w), atol=tol,
+                                       rtol=0, err_msg=impl)
 
 
 # ----------------------------------------------------------------------------- TPU (AOT)
