@@ -5,7 +5,7 @@ OS sandbox of `isolation.py` (bubblewrap: a fresh unprivileged uid with no capab
 `no_new_privs` when the trainer is root, else an unprivileged user namespace; new pid,
 network, ipc and mount namespaces; a read-only view of /usr and the Python installation; a
 private writable /tmp as cwd, HOME and TMPDIR; rlimits on address space, CPU, file size,
-open files and, with a dedicated uid, processes; on x86-64 a seccomp filter denying ptrace,
+open files and, with a dedicated uid, processes; a libseccomp filter denying ptrace,
 namespaces, mounts, non-AF_UNIX sockets and other kernel attack surface). The code can do anything Python allows inside
 that view: nothing it does reaches the trainer's files, processes or network, and every
 process it starts dies when the run ends (its pid namespace is torn down). The solution file
@@ -175,10 +175,9 @@ def sandbox_ready(allow_unsandboxed_unsafe: bool = False) -> bool:
         return True
     if not allow_unsandboxed_unsafe:
         raise RuntimeError(
-            "code reward: the OS sandbox is unavailable (install bubblewrap: "
-            "`apt-get install -y bubblewrap`; user namespaces must be enabled). Refusing to run "
-            "model code. To run it anyway as your own user with only rlimits, set "
-            "rewards.options.code.allow_unsandboxed_unsafe=True")
+            f"code reward: the OS sandbox is unavailable ({isolation.unavailable_reason()}). "
+            "Refusing to run model code. To run it anyway as your own user with only "
+            "rlimits, set rewards.options.code.allow_unsandboxed_unsafe=True")
     if "unsafe" not in _WARNED:
         _WARNED.add("unsafe")
         warnings.warn("code reward: running model code WITHOUT a sandboxed process "

@@ -20,15 +20,18 @@
   capability dropped (`--cap-drop ALL`), `no_new_privs` (bwrap sets it) and no nested user
   namespaces (`--disable-userns`).
 
-On x86-64 a seccomp filter (classic BPF built by `seccomp_program`, handed to bwrap's
-`--seccomp`) makes these fail with EPERM: ptrace, process_vm_readv/writev, bpf,
+A seccomp filter, compiled by libseccomp (through its Python binding `pyseccomp`, for the
+machine's own architecture: x86-64 or aarch64) and handed to bwrap's `--seccomp`, makes these
+fail with EPERM: ptrace, process_vm_readv/writev, process_madvise, pidfd_getfd, bpf,
 perf_event_open, userfaultfd, keyctl/add_key/request_key, unshare, setns, mount/umount2,
-pivot_root, chroot, module and kexec loading, open_by_handle_at/name_to_handle_at, io_uring,
-socket families other than AF_UNIX, clone with any CLONE_NEW* flag (clone3 answers ENOSYS so
-libc falls back to clone), and every x32-ABI syscall; another architecture kills the process.
-No libseccomp binding is a dependency: the filter is a deny list of a few dozen instructions
-checked by the tests in `tests/security/`. `available()` says whether all this works on the
-host (checked once, by running Python inside).
+pivot_root, chroot, the new mount API (fsopen, fsconfig, fsmount, fspick, move_mount,
+open_tree, mount_setattr), module and kexec loading, open_by_handle_at/name_to_handle_at,
+io_uring, swapon/swapoff, reboot, acct, quotactl, lookup_dcookie, vhangup, socket and
+socketpair of any family but AF_UNIX, and clone with any CLONE_NEW* flag (clone3 answers
+ENOSYS so libc falls back to clone); a syscall of another ABI (i386 or x32 on x86-64, arm32
+on aarch64) kills the process. Without libseccomp.so.2 or pyseccomp, or on another
+architecture, there is no sandbox. `available()` says whether all this works on the host
+(checked once, by running Python inside) and `unavailable_reason()` what is missing.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 
 # As root, each sandbox runs as its own uid from this range (no passwd entry, owns no file):
@@ -50,24 +54,45 @@ _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 @functools.lru_cache(maxsize=1)
-def available() -> bool:
-    """Whether `sandbox_command` works here (bwrap, prlimit, setpriv as root, namespaces)."""
-    if not all(shutil.which(t) for t in ("bwrap", "prlimit")):
-        return False
-    if os.geteuid() == 0 and not shutil.which("setpriv"):
-        return False
-    fd = seccomp_fd()
+def _unavailable() -> str | None:
+    """Why `sandbox_command` cannot work here (a sentence naming what is missing), or None
+    when it does: bwrap, prlimit, setpriv as root, the libseccomp filter and namespaces
+    (checked by running Python inside, once)."""
+    for tool in ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ()):
+        if not shutil.which(tool):
+            pkg = {"bwrap": "bubblewrap", "prlimit": "util-linux", "setpriv": "util-linux"}[tool]
+            return f"`{tool}` not found: install it (`apt-get install -y {pkg}`)"
+    try:
+        fd = seccomp_fd()
+    except SeccompUnavailable as e:
+        return str(e)
     try:
         done = subprocess.run(
             sandbox_command([sys.executable, "-I", "-S", "-c", "pass"], seccomp=fd),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=sandbox_env(), timeout=30, pass_fds=() if fd is None else (fd,))
-    except (OSError, subprocess.SubprocessError):
-        return False
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=sandbox_env(), timeout=30, pass_fds=(fd,))
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"a test sandbox could not run: {e}"
     finally:
-        if fd is not None:
-            os.close(fd)
-    return done.returncode == 0
+        os.close(fd)
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip()[-300:]
+        return (f"a test sandbox exited with status {done.returncode} (user namespaces must "
+                f"be enabled): {tail}")
+    return None
+
+
+def available() -> bool:
+    """Whether `sandbox_command` works here (bwrap, prlimit, setpriv as root, libseccomp,
+    namespaces); `unavailable_reason()` says what is missing."""
+    return _unavailable() is None
+
+
+def unavailable_reason() -> str:
+    """What `available()` found missing, as a sentence for an error message (a generic
+    hint when nothing is: a caller may have been told otherwise)."""
+    return _unavailable() or ("install bubblewrap (`apt-get install -y bubblewrap`); user "
+                              "namespaces must be enabled")
 
 
 def sandbox_env() -> dict[str, str]:
@@ -117,52 +142,93 @@ def rlimit_args(memory_bytes: int, cpu_s: int, file_bytes: int, open_files: int,
     return out
 
 
-# x86-64 syscall numbers denied with EPERM (see the module docstring)
-_DENIED_X86_64 = {
-    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321,
-    "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248,
-    "request_key": 249, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
-    "pivot_root": 155, "chroot": 161, "init_module": 175, "finit_module": 313,
-    "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320,
-    "open_by_handle_at": 304, "name_to_handle_at": 303, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "fsopen": 430, "fsmount": 432,
-    "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "swapon": 167, "swapoff": 168,
-    "reboot": 169, "acct": 163, "quotactl": 179, "lookup_dcookie": 212, "vhangup": 153,
-}
-_SOCKET, _CLONE, _CLONE3 = 41, 56, 435
-_CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-_AUDIT_ARCH_X86_64 = 0xC000003E
+# Syscalls answered with EPERM (see the module docstring), by name: libseccomp resolves each
+# for the machine's architecture.
+_DENIED = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd",
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "unshare",
+    "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount",
+    "fspick", "move_mount", "open_tree", "mount_setattr", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at",
+    "name_to_handle_at", "io_uring_setup", "io_uring_enter", "io_uring_register", "swapon",
+    "swapoff", "reboot", "acct", "quotactl", "lookup_dcookie", "vhangup",
+)
+# CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+# CLONE_NEWNET: clone's flags (its first argument on x86-64 and aarch64) with any of them
+_CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
+                    0x20000000, 0x40000000)
+_AF_UNIX = 1
+_SECCOMP_ARCHES = ("X86_64", "AARCH64")  # pyseccomp.Arch names the policy was written for
+_LIBSECCOMP_HINT = ("the sandbox's seccomp filter is compiled by libseccomp through its Python "
+                    "binding pyseccomp: it needs libseccomp.so.2 (Debian package libseccomp2: "
+                    "`apt-get install -y libseccomp2`) and `pip install pyseccomp`")
 
 
-def seccomp_program() -> bytes | None:
-    """The filter (an array of `struct sock_filter`, native byte order) for bwrap's
-    `--seccomp`, or None on a machine other than x86-64."""
-    import platform
-    import struct
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    ld, jeq, jge, and_, ret = 0x20, 0x15, 0x35, 0x54, 0x06
-    allow, kill = 0x7FFF0000, 0x80000000
-    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH_X86_64), (ret, 0, 0, kill),
-            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 ABI
-    for nr in sorted(_DENIED_X86_64.values()):
-        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
-    prog += [(jeq, 0, 1, _CLONE3), (ret, 0, 0, enosys)]
-    prog += [(jeq, 0, 5, _CLONE), (ld, 0, 0, 16), (and_, 0, 0, _CLONE_NEW_FLAGS),
-             (jeq, 0, 1, 0), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
-    prog += [(jeq, 0, 3, _SOCKET), (ld, 0, 0, 16), (jeq, 1, 0, 1), (ret, 0, 0, eperm),
-             (ret, 0, 0, allow)]
-    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
+class SeccompUnavailable(RuntimeError):
+    """libseccomp, its binding or the architecture cannot give the sandbox its filter."""
 
 
-def seccomp_fd() -> int | None:
+def _libseccomp():
+    """The `pyseccomp` module (a ctypes binding that loads libseccomp.so.2 on import), or
+    SeccompUnavailable naming what is missing."""
+    try:
+        import pyseccomp
+    except (ImportError, OSError, RuntimeError, AttributeError) as e:
+        # pyseccomp raises RuntimeError("Unable to find libseccomp") without the library
+        raise SeccompUnavailable(f"{_LIBSECCOMP_HINT} ({type(e).__name__}: {e})") from e
+    return pyseccomp
+
+
+def _deny_policy(sc, filt) -> None:
+    """Adds the sandbox's rules (see the module docstring) to `filt`, a
+    `pyseccomp.SyscallFilter(ALLOW)` for the native architecture; `sc` is `pyseccomp`.
+    SeccompUnavailable when libseccomp does not know one of the syscalls by name."""
+    eperm = sc.ERRNO(1)
+    for name in _DENIED:
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) == -1:  # __NR_SCMP_ERROR: unknown name
+            raise SeccompUnavailable(f"isolation: this libseccomp does not know syscall "
+                                     f"{name!r}; a newer libseccomp2 is needed")
+        filt.add_rule(eperm, name)
+    for flag in _CLONE_NEW_FLAGS:
+        filt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    # clone3 takes its flags in memory, out of a filter's reach: ENOSYS makes libc fall
+    # back to clone, whose flags the rules above see
+    filt.add_rule(sc.ERRNO(38), "clone3")
+    for name in ("socket", "socketpair"):
+        filt.add_rule(eperm, name, sc.Arg(0, sc.NE, _AF_UNIX))
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_program() -> bytes:
+    """The filter compiled by libseccomp for this machine's architecture (x86-64 or
+    aarch64): an array of `struct sock_filter` (8 bytes each, native byte order) for bwrap's
+    `--seccomp`. SeccompUnavailable (a RuntimeError naming the cause) without libseccomp,
+    pyseccomp, or on another architecture."""
+    sc = _libseccomp()
+    native = sc.system_arch()
+    if native not in [getattr(sc.Arch, a) for a in _SECCOMP_ARCHES]:
+        raise SeccompUnavailable(f"isolation: no seccomp policy for this architecture "
+                                 f"(libseccomp arch token {native:#x}); written for x86-64 "
+                                 "and aarch64")
+    filt = sc.SyscallFilter(sc.ALLOW)
+    # another ABI on the same kernel (i386, x32 on x86-64; arm32 on aarch64) kills the process
+    filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    _deny_policy(sc, filt)
+    with tempfile.TemporaryFile() as out:
+        filt.export_bpf(out)
+        out.seek(0)
+        program = out.read()
+    if not program or len(program) % 8:
+        raise SeccompUnavailable(f"isolation: libseccomp exported {len(program)} bytes, "
+                                 "not a whole number of BPF instructions")
+    return program
+
+
+def seccomp_fd() -> int:
     """A readable descriptor holding `seccomp_program()` for one sandbox start (pass it in
-    `pass_fds` and to `sandbox_command`, close it after the start), or None."""
+    `pass_fds` and to `sandbox_command`, close it after the start). SeccompUnavailable as
+    `seccomp_program`."""
     program = seccomp_program()
-    if program is None:
-        return None
     r, w = os.pipe()
     try:
         os.write(w, program)  # a few hundred bytes: fits the pipe buffer

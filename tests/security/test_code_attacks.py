@@ -234,7 +234,6 @@ def test_refuses_without_sandbox_unless_unsafe_flag(monkeypatch):
     assert out.score == 1.0
 
 
-@pytest.mark.skipif(isolation.seccomp_program() is None, reason="seccomp filter is x86-64 only")
 @pytest.mark.parametrize("call", [
     "socket.socket(socket.AF_INET)",
     "socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)",
@@ -247,6 +246,78 @@ def test_seccomp_denies_kernel_attack_surface(call):
     res = run_sandboxed(f"import ctypes, socket\nprint({call})", "", FAST)
     assert res.status == "error", res
     assert "PermissionError" in res.stderr_tail or "NameError" in res.stderr_tail
+
+
+# (syscall, arguments, errno the filter answers): without the filter each fails otherwise
+# (EBADF, EINVAL, EFAULT, EOPNOTSUPP), even as root, which the host check below asserts
+SECCOMP_PROBES = [
+    ("pidfd_getfd", (-1, 0, 0), 1), ("process_madvise", (-1, 0, 0, 0, 0), 1),
+    ("io_uring_setup", (0, 0), 1), ("userfaultfd", (0xFFFF,), 1),
+    ("perf_event_open", (0, 0, -1, -1, 0), 1), ("socketpair", (2, 1, 0, 0), 1),
+    ("clone3", (0, 0), 38),
+]
+PROBE = """import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for nr, args in {calls}:
+    ctypes.set_errno(0)
+    out.append((libc.syscall(nr, *args), ctypes.get_errno()))
+print(json.dumps(out))
+"""
+
+
+def test_seccomp_errnos_by_syscall_number():
+    """The filter answers each probe with its errno in the sandbox, where the same calls on
+    the host (no filter) fail with another one; numbers come from libseccomp, so the probe
+    holds on x86-64 and aarch64 alike."""
+    import json
+    import subprocess
+    import sys
+
+    import pyseccomp
+
+    calls = [(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name), list(args))
+             for name, args, _ in SECCOMP_PROBES]
+    code = PROBE.format(calls=calls)
+    host = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                     text=True, check=True).stdout)
+    res = run_sandboxed(code, "", FAST)
+    assert res.status == "ok", res
+    for (name, _, errno), (h_ret, h_err), (s_ret, s_err) in zip(
+            SECCOMP_PROBES, host, json.loads(res.stdout)):
+        assert h_ret == -1 and h_err != errno, (name, h_ret, h_err)
+        assert (s_ret, s_err) == (-1, errno), (name, s_ret, s_err)
+
+
+@pytest.fixture
+def no_libseccomp(monkeypatch):
+    """`import pyseccomp` failing as it does on a host without libseccomp.so.2, with the
+    cached sandbox check and program cleared before and after."""
+    import ctypes.util
+    import sys
+
+    real = ctypes.util.find_library
+    monkeypatch.setattr(ctypes.util, "find_library",
+                        lambda name: None if name == "seccomp" else real(name))
+    monkeypatch.delitem(sys.modules, "pyseccomp", raising=False)
+    isolation._unavailable.cache_clear()
+    isolation.seccomp_program.cache_clear()
+    yield
+    isolation._unavailable.cache_clear()
+    isolation.seccomp_program.cache_clear()
+
+
+def test_refuses_code_rewards_without_libseccomp(no_libseccomp):
+    assert not isolation.available()
+    with pytest.raises(isolation.SeccompUnavailable, match="libseccomp.so.2"):
+        isolation.seccomp_fd()
+    with pytest.raises(RuntimeError, match=r"libseccomp\.so\.2.*allow_unsandboxed_unsafe"):
+        code_reward(fenced("print(1)"), {"tests": [{"input": "", "output": "1"}]}, limits=FAST)
+    with pytest.warns(RuntimeWarning, match="WITHOUT"):
+        code_mod._WARNED.clear()
+        out = code_reward(fenced("print(1)"), {"tests": [{"input": "", "output": "1"}]},
+                          limits=FAST, allow_unsandboxed_unsafe=True)
+    assert out.score == 1.0
 
 
 def test_seccomp_keeps_ordinary_programs_working():
