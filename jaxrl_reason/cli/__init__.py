@@ -85,6 +85,8 @@ def _check_finite(fv: flags.FlagValues) -> None:
     """Raises flags.Error for a float flag given as nan or inf (absl accepts both, and no
     float flag means them: a NaN rate would train to NaN parameters)."""
     for name in fv:
+        if name.startswith("config."):
+            continue  # config fields: validation.validate_config names them by key
         value = fv[name].value
         if fv[name].flag_type() == "float" and value is not None and not math.isfinite(value):
             raise flags.Error(f"--{name}={value}: must be a finite number")
