@@ -9,18 +9,20 @@ use from many threads.
 
 Each worker is a zygote: it imports sympy, warms it up and announces `{"ready": true}`, then
 serves one request per line, `{"id": int, "a": str, "b": str, "mode": str, "atol": float,
-"t": float}`, where `a` and `b` are expression strings (`_latex_sympy` output). It forks a
-job per request; the job parses both sides into sympy objects from a syntax tree
-(`_sympy_tree`: nothing is evaluated as code), compares them and writes one byte into a
+"t": float, "o": dict | null}`. It forks a job per request; the job parses both sides into
+sympy objects (mode "mv": math-verify's LaTeX grammar, hardened by `_latex_verify.harden`
+in the zygote, or `_sympy_tree`; other modes: `_sympy_tree` only; nothing is evaluated as
+code), compares them and writes one byte into a
 pipe made for that job only; the zygote answers `{"id": id, "r": true | false | null}`
 (null: the job overran `t` and was killed). The parent accepts exactly one line with the
 request's id; anything else (silence past the deadline, garbage, an extra line) kills and
 replaces the worker, so one job's output can never reach another job's verdict. With
 isolation (the default where `isolation.available()`), the zygote runs under bubblewrap as
 an unprivileged uid with no capabilities, no network, its own pid namespace and a
-read-only view of the Python installation and these two files only.
+read-only view of the Python installation and these three files only.
 
-Modes: "expr" (equal values; a matrix equals a matrix of the same shape entrywise), "eq"
+Modes: "mv" (`a` is a prediction, `b` a gold answer, both answer text; the verdict is
+`_latex_verify.verdict` with the options `o`), "expr" (equal values; a matrix equals a matrix of the same shape entrywise), "eq"
 (`a` and `b` are `lhs - (rhs)` of two equations: equal up to a nonzero constant factor),
 "rel" (same for two inequalities, the factor must be positive). `atol` is an extra absolute
 tolerance for constant expressions (the half-unit of a decimal literal). This file is also
@@ -76,9 +78,13 @@ def _child_parse(text: str):
     return _CHILD["tree"].build(text)
 
 
-def _child_compare(a: str, b: str, mode: str = "expr", atol: float = 0.0) -> bool:
+def _child_compare(a: str, b: str, mode: str = "expr", atol: float = 0.0,
+                   options: dict | None = None) -> bool:
     """The verdict of one request (see the module docstring)."""
     from sympy.matrices import MatrixBase
+
+    if mode == "mv":
+        return _CHILD["mv"].verdict(a, b, dict(options or {}), _CHILD["tree"])
 
     ea, eb = _child_parse(a), _child_parse(b)
     ma, mb = isinstance(ea, MatrixBase), isinstance(eb, MatrixBase)
@@ -176,14 +182,18 @@ def _close(va: complex, vb: complex, atol: float) -> bool:
 _WARM = ["2 x + 1", "sqrt(2)/2", "sin(pi/3) + cos(x)", "Matrix([[1, 2], [3, 4]])",
          "log(8)/log(2)", "(n + 1)!", "binomial(5, 2)", "floor(x) + Abs(y)", "1.5", "x_1 y",
          "E**(I pi)", "atan(1) + exp(2)"]
+_WARM_MV = [(r"\frac{1}{2}", "0.5"), (r"\sqrt{9} = 3", "3"), (r"\{1, 2\}", "(1,2)"),
+            (r"x \in [2, 5)", r"2 \le x < 5"), (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1,2)"),
+            (r"25\%", "0.25"), ("sqrt(2)/2", r"\frac{\sqrt2}{2}"), ("B", r"\text{(B)}")]
 
 
-def _load_tree():
-    """`_sympy_tree` loaded by path from this file's directory (no package import)."""
+def _load(name: str):
+    """Module `name` (`_sympy_tree`, `_latex_verify`) loaded by path from this file's
+    directory (no package import)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sympy_tree.py")
-    spec = importlib.util.spec_from_file_location("_jaxrl_sympy_tree", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location("_jaxrl" + name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -222,7 +232,7 @@ def _job(req: dict, own_pid_ns: bool) -> bool | None:
             os.setpgid(0, 0)
             gc.disable()  # the job is short-lived: no collection touching inherited pages
             verdict = b"T" if _child_compare(str(req["a"]), str(req["b"]), str(req["mode"]),
-                                             float(req["atol"])) else b"F"
+                                             float(req["atol"]), req.get("o")) else b"F"
         except BaseException:  # any parse/simplify failure means "not shown equal"
             pass
         try:
@@ -267,13 +277,20 @@ def _reap() -> None:
 def _child_main() -> None:
     """The zygote: serve requests `{"id", "a", "b", "mode", "atol", "t"}` from stdin until
     EOF, each in a forked job, answering `{"id": id, "r": true | false | null}`."""
-    _CHILD["tree"] = _load_tree()
+    _CHILD["tree"] = _load("_sympy_tree")
+    _CHILD["mv"] = _load("_latex_verify")
     for text in _WARM:
         for mode in ("expr", "eq"):
             try:
                 _child_compare(text, text, mode, 0.0)
             except Exception:
                 pass
+    for a, b in _WARM_MV:
+        try:
+            _child_compare(a, b, "mv", 0.0, {"targets": ["latex", "expr", "string"]})
+        except Exception:
+            pass
+    _CHILD["mv"].harden()  # after the constant warm-up, before any untrusted text
     own_pid_ns = "--own-pid-ns" in sys.argv[1:]
     _undumpable()
     gc.collect()
@@ -312,7 +329,8 @@ class _Worker:
 
     def __init__(self, isolate: bool) -> None:
         here = os.path.dirname(os.path.abspath(__file__))
-        files = [os.path.join(here, name) for name in ("_sympy_worker.py", "_sympy_tree.py")]
+        files = [os.path.join(here, name)
+                 for name in ("_sympy_worker.py", "_sympy_tree.py", "_latex_verify.py")]
         argv = [sys.executable, "-I", "-c", _BOOTSTRAP, files[0]]
         env, seccomp = None, None
         if isolate:
@@ -416,7 +434,8 @@ class SympyPool:
         self._verdicts: collections.OrderedDict = collections.OrderedDict()
 
     def compare(
-        self, a: str, b: str, mode: str = "expr", atol: float = 0.0, timeout_s: float = 5.0
+        self, a: str, b: str, mode: str = "expr", atol: float = 0.0, timeout_s: float = 5.0,
+        options: dict | None = None,
     ) -> bool | None:
         """Compare two expression strings in a worker (modes: see the module docstring).
 
@@ -425,12 +444,12 @@ class SympyPool:
         function of the request, so True/False verdicts are kept in an LRU cache of
         `_CACHE_SIZE` requests (the jobs' own sympy caches die with them).
         """
-        key = (a, b, mode, float(atol))
+        key = (a, b, mode, float(atol), json.dumps(options, sort_keys=True))
         with self._lock:
             if key in self._verdicts:
                 self._verdicts.move_to_end(key)
                 return self._verdicts[key]
-        verdict = self._compare(a, b, mode, atol, timeout_s)
+        verdict = self._compare(a, b, mode, atol, timeout_s, options)
         if verdict is not None:
             with self._lock:
                 self._verdicts[key] = verdict
@@ -438,8 +457,8 @@ class SympyPool:
                     self._verdicts.popitem(last=False)
         return verdict
 
-    def _compare(self, a: str, b: str, mode: str, atol: float, timeout_s: float
-                 ) -> bool | None:
+    def _compare(self, a: str, b: str, mode: str, atol: float, timeout_s: float,
+                 options: dict | None = None) -> bool | None:
         """One request to a worker (no cache)."""
         deadline = time.monotonic() + timeout_s
         if not self._slots.acquire(timeout=max(0.0, timeout_s)):
@@ -452,7 +471,7 @@ class SympyPool:
             worker.jobs += 1
             job = worker.jobs
             request = {"id": job, "a": a, "b": b, "mode": mode, "atol": float(atol),
-                       "t": max(0.0, deadline - time.monotonic())}
+                       "t": max(0.0, deadline - time.monotonic()), "o": options}
             worker.proc.stdin.write((json.dumps(request) + "\n").encode())
             worker.proc.stdin.flush()
             line = worker.read_line(deadline + _REPLY_GRACE_S)

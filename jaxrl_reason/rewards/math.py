@@ -1,34 +1,40 @@
 r"""Math answers: extraction from a completion, equivalence with a gold answer, and the
 `correctness` reward.
 
-`is_equivalent` tries cheap decisions first and sympy last:
+Which layer decides what (`is_equivalent`, cheapest first):
 
-1. identical strings, or two plain integers (the built-in arithmetic task stops here);
-2. normalized strings (`_latex.normalize`: wrappers such as `$`, `\boxed{}`, `\text{}`,
-   units and spacing removed, unicode folded);
-3. exact numbers (integers, decimals, fractions, `\frac`, mixed numbers, scientific
-   notation, percentages, repeating decimals);
-4. choice letters (`\text{(B)}` = `B`) and words (case-insensitive);
-5. structures (`_latex_structures`) item by item: matrices entrywise with equal shapes,
-   tuples and intervals in order, sets, lists, `\pm` pairs and unions in any order;
-   inequalities in one variable as intervals;
-6. relations: `x = 3` ~ `3`; equations and inequalities equal up to a constant factor;
-7. sympy, in a worker process that is killed when the deadline passes (`_sympy_worker`).
+1. this module: identical strings and two plain integers (the built-in arithmetic task
+   stops here); unicode folding (`_latex.clean_unicode`: NFKC plus math symbols, `−3` =
+   `-3`, `１２３` = `123`, `½`, `√2`, `π`) and space thousands separators (`2 500`), which
+   math-verify lacks;
+2. this module, on the normalized strings (`_latex.normalize`): pairs of plain numbers
+   (integers, decimals, fractions, mixed numbers, scientific notation, percentages,
+   repeating decimals) with the exact-decimal rule below; choice letters (`\text{(B)}` =
+   `B`, `C` = `C. x = 42`) and single words (case-insensitive);
+3. math-verify (`math_verify.parse` with its LaTeX grammar, `latex2sympy2_extended`, then
+   `math_verify.verify`) for everything else: expressions, equation chains (`\sqrt{9} = 3`
+   ~ `3`), labelled answers (`PQ=3, RS=8` ~ `3, 8`), sets, tuples, intervals, inequalities
+   against intervals, matrices, `\pm`. It runs in a sympy worker job (`_sympy_worker`,
+   `_latex_verify`), killed at the deadline; its own signal timeouts are off. Plain
+   expressions (`sqrt(2)/2`, `x**2`) are parsed by our `_sympy_tree`, never by
+   math-verify's `parse_expr` path, and bare answers without `$` (`\tfrac83`, `4, 12, 2`)
+   are wrapped before the library sees them.
 
-Decisions:
-  * Numbers compare exactly. A decimal literal with at least 6 significant digits also
-    matches a value that rounds to it at its last digit (`0.333333` = 1/3, `1.41421` =
-    sqrt(2)); shorter decimals are exact (`0.333` != 1/3, `1.414` != sqrt(2), `5.001` != 5).
+Conventions:
+  * Plain numbers compare exactly. A decimal literal with at least 6 significant digits
+    also matches a value that rounds to it at its last digit (`0.333333` = 1/3); shorter
+    decimals are exact (`0.333` != 1/3, `5.001` != 5). A decimal against an expression
+    (`1.41421` vs `\sqrt2`) is math-verify's rule: equal after rounding to `float_rounding`
+    decimal places.
   * Percent: `10\%` equals `10` and `0.1` (either reading); `10\%` vs `0.1\%` differ.
-  * Degrees: the degree sign is dropped (`90^\circ` = `90`) and never converted to radians
-    (`90^\circ` != `\frac{\pi}{2}`): the key's unit is part of the answer.
-  * Unicode: NFKC plus math symbols (`−3` = `-3`, `１２３` = `123`, `½` = `1/2`, `√2`, `π`).
-  * A named left side of `=` is dropped (`x = 3`, `k = 3` and `3` are equal); a relation
-    whose sides are both expressions only equals a proportional relation.
-  * A tuple equals a row or column vector with the same entries; a row and a column vector
-    differ; `\{3\}` equals `3`.
-  * Variables are assumed positive when expressions are compared numerically (sympy
-    worker), so `\sqrt{x^2}` equals `x`.
+  * Degrees: the degree sign is dropped (`90^\circ` = `90`) and never converted to radians.
+  * `strict=True` (math-verify's strict mode): variables matter and a set is not a tuple.
+
+Options (`rewards.options.correctness`, also used by `eval` and the distillation filter):
+`float_rounding`, `numeric_precision`, `strict` (math-verify's `verify` arguments),
+`targets` (extraction targets: "latex", "expr" for plain expressions through `_sympy_tree`,
+"string" for math-verify's string/letter extraction) and `set_relation` (math-verify's
+`allow_set_relation_comp`: an inequality may equal an interval).
 
 Neither public function raises: anything they do not understand is "no answer" / "not
 equivalent".
@@ -41,15 +47,6 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from jaxrl_reason.rewards import _latex
-from jaxrl_reason.rewards._latex_structures import (
-    Structure,
-    as_interval,
-    as_relation,
-    is_named,
-    parse_structure,
-    relation_interval,
-)
-from jaxrl_reason.rewards._latex_sympy import latex_to_sympy
 from jaxrl_reason.rewards._sympy_worker import get_pool
 from jaxrl_reason.rewards.base import RewardResult, register_reward
 
@@ -61,7 +58,38 @@ Verdict = Literal["equal", "different", "timeout"]
 CORRECTNESS_TIMEOUT_S = 2.0
 _MAX_INPUT_CHARS = 10_000  # longer answer strings are only compared verbatim
 _MAX_SCAN_CHARS = 100_000  # extraction looks at this many final characters of a completion
-_MAX_DEPTH = 8  # nesting of structures followed (sets of tuples of ...)
+# math-verify's defaults, except `set_relation` (an inequality may equal an interval).
+DEFAULT_OPTIONS = {"float_rounding": 6, "numeric_precision": 15, "strict": True,
+                   "targets": ("latex", "expr"), "set_relation": True}
+_TARGETS = ("latex", "expr", "string")
+
+
+def verifier_options(**options: Any) -> dict:
+    """`DEFAULT_OPTIONS` updated with `options`, checked: `float_rounding` int in [0, 50],
+    `numeric_precision` int in [1, 1000], `strict` / `set_relation` bool, `targets` a
+    non-empty list of "latex", "expr", "string". Raises ValueError naming the bad option."""
+    unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown math verifier option(s) {unknown}; known: "
+                         f"{sorted(DEFAULT_OPTIONS)}")
+    out = {**DEFAULT_OPTIONS, **options}
+    for name, low, high in (("float_rounding", 0, 50), ("numeric_precision", 1, 1000)):
+        value = out[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"math verifier option {name}={value!r}: need an int in "
+                             f"[{low}, {high}]")
+    for name in ("strict", "set_relation"):
+        if not isinstance(out[name], bool):
+            raise ValueError(f"math verifier option {name}={out[name]!r}: need a bool")
+    targets = out["targets"]
+    if isinstance(targets, str) or not targets or any(t not in _TARGETS for t in targets):
+        raise ValueError(f"math verifier option targets={targets!r}: need a non-empty list "
+                         f"of {list(_TARGETS)}")
+    out["targets"] = tuple(dict.fromkeys(targets))
+    return out
+
+
+_DEFAULTS_CHECKED = verifier_options()
 
 # ----------------------------------------------------------------------------- extraction
 
@@ -87,8 +115,9 @@ def extract_answer(text: str) -> str | None:
     `\boxed{...}` (nested braces allowed; boxes just before it that are separated only by
     "and", commas or spaces join it: `\boxed{-2} and \boxed{1}` -> "-2,1"), else the last
     GSM8K `#### N` line, else the last
-    final-answer statement ("the answer is ...", "Answer: ...", "A: ..."), else whichever of
-    the last math span (`$...$`, `\(...\)`, `\[...\]`) and the last number ends later. An
+    final-answer statement ("the answer is ...", "Answer: ...", "A: ..."), else a last line
+    that is a bare undelimited answer (`\tfrac83`, `4, 12, 2`), else whichever of the last
+    math span (`$...$`, `\(...\)`, `\[...\]`) and the last number ends later. An
     empty box or answer tag gives None. `text` is a str; anything else gives None.
     """
     if not isinstance(text, str) or not text.strip():
@@ -145,6 +174,9 @@ def _extract_loose(text: str) -> str | None:
     number = None
     for number in _NUMBER.finditer(text):
         pass
+    tail = _bare_tail(text)
+    if tail is not None and all(m is None or tail.end() >= m.end() for m in (span, number)):
+        return tail.group(0).strip()
     if span is None and number is None:
         return None
     if span is not None and (number is None or span.end() >= number.end()):
@@ -152,24 +184,82 @@ def _extract_loose(text: str) -> str | None:
     return number.group(0)
 
 
+
+_BARE_LINE = re.compile(r"[\w\\{}()\[\],+\-*/^=.:<>|! ]{1,200}")
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+
+
+def _bare_tail(text: str) -> re.Match | None:
+    r"""The last line of `text` when it is an undelimited math answer (`\tfrac83`,
+    `4, 12, 2`, `4+5`): only digits, letters, LaTeX commands, brackets and operators, no
+    prose word (two or more letters not after a backslash), at least one digit or command.
+    Returns the match of the stripped line (without a final period), else None."""
+    end = len(text.rstrip())
+    start = text.rfind("\n", 0, end) + 1
+    line = text[start:end].rstrip(".").strip()
+    if not line or _PROSE_WORD.search(line) or not re.search(r"[\d\\]", line):
+        return None
+    offset = text.index(line, start)
+    return _BARE_LINE.fullmatch(text, offset, offset + len(line))
+
+
 # ---------------------------------------------------------------------------- equivalence
 
+_SPACED_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:(?:\s|\\[,;: ]|~)+\d{3})+(?:\.\d+)?")
 
-def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
+
+_SQRT_PAREN = re.compile(r"\\sqrt\s*\(([^(){}]*)\)")
+# Integer powers, exponents and factorials that sympy would expand eagerly (the LaTeX
+# grammar has no size limits): a power tower, a power of more than `_MAX_POWER_BITS` bits,
+# a factorial of a factorial or of more than `_MAX_FACTORIAL`.
+_MAX_POWER_BITS, _MAX_FACTORIAL = 200_000, 10_000
+_POWER = re.compile(r"(?<!\d)(\d+)\s*\)?\s*\^\s*\{?\s*\(?\s*(\d+)")
+_TOWER = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\s*\d+\s*\}?\s*\^")
+_SCI_EXP = re.compile(r"\d[eE][-+]?(\d{4,})")
+_FACTORIAL = re.compile(r"(?<!\d)(\d+)\s*!")
+_NESTED_FACTORIAL = re.compile(r"!\s*(?:\\right)?\s*\)\s*!")
+
+
+def _fold(text: str) -> str:
+    """Unicode folded (`_latex.clean_unicode`), `2 500` / `2\\,500` spelled `2500` and
+    `\\sqrt(2)` spelled `\\sqrt{2}`."""
+    text = _SQRT_PAREN.sub(r"\\sqrt{\1}", _latex.clean_unicode(text).strip())
+    if _SPACED_THOUSANDS.fullmatch(text):
+        text = re.sub(r"\s|\\[,;: ]|~", "", text)
+    return text
+
+
+def _oversized(text: str) -> bool:
+    """Whether `text` holds a number sympy would take seconds or gigabytes to expand
+    (`9^{9^{9^9}}`, `10^{100000000}`, `1e100000000`, `1000000!`, `(12!)!`)."""
+    if _TOWER.search(text) or _SCI_EXP.search(text) or _NESTED_FACTORIAL.search(text):
+        return True
+    for base, exponent in _POWER.findall(text):
+        if len(exponent) > 9 or int(exponent) * max(1, len(base)) * 3.33 > _MAX_POWER_BITS:
+            return True
+    for digits in _FACTORIAL.findall(text):
+        if len(digits) > 6 or int(digits) > _MAX_FACTORIAL:
+            return True
+    return False
+
+
+def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0, **options: Any) -> bool:
     r"""Whether two answer strings are mathematically equal (see the module docstring).
 
     Handles numbers, fractions, LaTeX, sets, intervals, tuples, matrices, equations (`x=3`),
     inequalities, percentages and units; either side may keep `$...$`, `\(...\)` or
-    `\boxed{}` wrappers, or be a GSM8K answer ending in `#### N`. Sympy runs in a worker
-    process, and the whole call returns within about `timeout_s` seconds of wall time (only
-    the worker pool's first start-up, ~0.5-2 s, is not counted; call
+    `\boxed{}` wrappers, or be a GSM8K answer ending in `#### N`. `options`: see
+    `verifier_options` (ValueError on a bad one). math-verify runs in a worker process,
+    and the whole call returns within about `timeout_s` seconds of wall time (only the
+    worker pool's first start-up, ~1-3 s, is not counted; call
     `_sympy_worker.get_pool().warm()` to pay it up front). Safe to call from many threads.
-    Non-str inputs and timeouts give False; never raises.
+    Non-str inputs and timeouts give False.
     """
-    return _verdict(pred, gold, timeout_s) == "equal"
+    opts = verifier_options(**options) if options else _DEFAULTS_CHECKED
+    return _verdict(pred, gold, timeout_s, opts) == "equal"
 
 
-def _verdict(pred: Any, gold: Any, timeout_s: float) -> Verdict:
+def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None) -> Verdict:
     """`is_equivalent` with the timeout case kept apart from "different"."""
     try:
         if not isinstance(pred, str) or not isinstance(gold, str):
@@ -184,35 +274,18 @@ def _verdict(pred: Any, gold: Any, timeout_s: float) -> Verdict:
         if len(p) > _MAX_INPUT_CHARS or len(g) > _MAX_INPUT_CHARS:
             return "different"
         deadline = time.monotonic() + max(0.0, float(timeout_s))
+        p, g = _fold(p), _fold(g)
         (a, a_pct), (b, b_pct) = _latex.normalize(p), _latex.normalize(g)
-        return _compare(a, b, deadline, 0, a_pct, b_pct)
+        if a and a == b:
+            return "equal"
+        verdict = _compare_numbers(a, b, a_pct, b_pct) or _compare_words(a, b)
+        if verdict is not None:
+            return verdict
+        if _oversized(p) or _oversized(g):  # not expanded: "different", as before
+            return "different"
+        return _library(p, g, options or _DEFAULTS_CHECKED, deadline)
     except Exception:
         return "different"
-
-
-def _compare(
-    a: str, b: str, deadline: float, depth: int, a_pct: bool = False, b_pct: bool = False
-) -> Verdict:
-    if not a or not b or depth > _MAX_DEPTH:
-        return "different"
-    if a == b:
-        return "equal"
-    if time.monotonic() > deadline:
-        return "timeout"
-    verdict = _compare_numbers(a, b, a_pct, b_pct) or _compare_words(a, b)
-    if verdict is not None:
-        return verdict
-    sa, sb = parse_structure(a), parse_structure(b)
-    if sa is not None or sb is not None:
-        return _compare_structures(a, b, sa, sb, deadline, depth)
-    ra, rb = as_relation(a), as_relation(b)
-    if ra is not None or rb is not None:
-        return _compare_relations(ra, rb, a, b, deadline, depth)
-    verdict = _expressions(a, b, "expr", deadline)
-    if verdict == "different" and a_pct != b_pct:  # `\frac{100}{3}\%` vs `\frac13`
-        a, b = (f"\\frac{{{a}}}{{100}}", b) if a_pct else (a, f"\\frac{{{b}}}{{100}}")
-        verdict = _expressions(a, b, "expr", deadline)
-    return verdict
 
 
 def _compare_numbers(a: str, b: str, a_pct: bool, b_pct: bool) -> Verdict | None:
@@ -254,171 +327,15 @@ def _compare_words(a: str, b: str) -> Verdict | None:
     return None
 
 
-# ----------------------------------------------------------------------------- structures
 
-
-def _compare_structures(
-    a: str, b: str, sa: Structure | None, sb: Structure | None, deadline: float, depth: int
-) -> Verdict:
-    kinds = {sa.kind if sa else None, sb.kind if sb else None}
-    if sa is not None and sb is not None and sa.kind == sb.kind != "union":
-        if sa.kind in ("tuple", "interval", "matrix"):
-            if sa.ends != sb.ends or _shape(sa) != _shape(sb):
-                return "different"
-            return _ordered(_flat(sa), _flat(sb), deadline, depth)
-        return _unordered(list(sa.items), list(sb.items), deadline, depth)
-    if "matrix" in kinds:
-        return _compare_matrix(a, b, sa, sb, deadline, depth)
-    if kinds & {"interval", "union", None}:
-        pa, pb = _union_parts(a, sa), _union_parts(b, sb)
-        if pa is not None and pb is not None:
-            if len(pa) == len(pb) == 1:
-                ia, ib = (as_interval(p, parse_structure(p)) for p in (pa[0], pb[0]))
-                if ia is None or ib is None or ia.ends != ib.ends:
-                    return "different"
-                return _ordered(list(ia.items), list(ib.items), deadline, depth)
-            return _unordered(pa, pb, deadline, depth)
-    if None in kinds:
-        single, scalar, other = (sa, b, a) if sa is not None else (sb, a, b)
-        relation = as_relation(scalar)
-        if relation is not None and relation[1] == "=" and is_named(relation[0]):
-            return _compare(relation[2], other, deadline, depth + 1)  # `(a,b) = (2,3)`
-        if single.kind == "set" and len(single.items) == 1:  # `\{3\}` vs `3`
-            return _compare(single.items[0], scalar, deadline, depth + 1)
-        return "different"
-    if kinds <= {"set", "list"}:
-        return _unordered(list(sa.items), list(sb.items), deadline, depth)
-    if kinds == {"tuple", "list"}:
-        return _ordered(list(sa.items), list(sb.items), deadline, depth)
-    return "different"
-
-
-def _shape(s: Structure) -> tuple[int, ...]:
-    return (len(s.items), len(s.items[0])) if s.kind == "matrix" else (len(s.items),)
-
-
-def _flat(s: Structure) -> list[str]:
-    return [x for row in s.items for x in row] if s.kind == "matrix" else list(s.items)
-
-
-def _compare_matrix(
-    a: str, b: str, sa: Structure | None, sb: Structure | None, deadline: float, depth: int
-) -> Verdict:
-    """A matrix against a non-matrix: a tuple/list equals a row or column vector with the
-    same entries; a matrix expression (`\\frac12\\begin{pmatrix}..`) goes to sympy."""
-    if sa is not None and sa.kind == "matrix":
-        matrix, other, other_text = sa, sb, b
-    else:
-        matrix, other, other_text = sb, sa, a
-    rows, cols = _shape(matrix)
-    if other is not None and other.kind in ("tuple", "list") and min(rows, cols) == 1:
-        if len(other.items) != rows * cols:
-            return "different"
-        return _ordered(_flat(matrix), list(other.items), deadline, depth)
-    if other is None and "\\begin{" in other_text:
-        return _expressions(a, b, "expr", deadline)
-    return "different"
-
-
-def _interval_text(s: Structure) -> str:
-    return f"{s.ends[0]}{s.items[0]},{s.items[1]}{s.ends[1]}"
-
-
-def _union_parts(s: str, st: Structure | None) -> list[str] | None:
-    """The parts of a union of intervals/sets (one part for an interval or inequality; a
-    list of inequalities, e.g. `x<1 or x>2`, counts as a union), else None."""
-    if st is None:
-        interval = relation_interval(s)
-        return [_interval_text(interval)] if interval else None
-    if st.kind == "union":
-        return list(st.items)
-    if as_interval(s, st) is not None:
-        return [s]
-    if st.kind == "list":
-        intervals = [relation_interval(item) for item in st.items]
-        if all(intervals):
-            return [_interval_text(i) for i in intervals]
-    return None
-
-
-def _ordered(xs: list[str], ys: list[str], deadline: float, depth: int) -> Verdict:
-    if len(xs) != len(ys):
-        return "different"
-    verdicts = []
-    for x, y in zip(xs, ys):
-        verdict = _compare(x, y, deadline, depth + 1)
-        if verdict == "different":
-            return "different"
-        verdicts.append(verdict)
-    return "equal" if all(v == "equal" for v in verdicts) else "timeout"
-
-
-def _unordered(xs: list[str], ys: list[str], deadline: float, depth: int) -> Verdict:
-    """Greedy one-to-one matching of two collections (`\\pm` already expanded)."""
-    if len(xs) != len(ys):
-        return "different"
-    unmatched, timed_out = list(ys), False
-    for x in xs:
-        for j, y in enumerate(unmatched):
-            verdict = _compare(x, y, deadline, depth + 1)
-            timed_out |= verdict == "timeout"
-            if verdict == "equal":
-                del unmatched[j]
-                break
-        else:
-            return "timeout" if timed_out else "different"
-    return "equal"
-
-
-# ------------------------------------------------------------------------------ relations
-
-
-def _compare_relations(
-    ra: tuple[str, str, str] | None,
-    rb: tuple[str, str, str] | None,
-    a: str,
-    b: str,
-    deadline: float,
-    depth: int,
-) -> Verdict:
-    """Relations from `as_relation` (lhs, op, rhs), at least one not None."""
-    if ra is None or rb is None:
-        (lhs, op, rhs), other = (ra, b) if ra is not None else (rb, a)
-        if op == "=" and is_named(lhs):
-            return _compare(rhs, other, deadline, depth + 1)
-        return "different"
-    (la, op, ra_), (lb, op_b, rb_) = ra, rb
-    if op != op_b:
-        return "different"
-    if op == "=" and is_named(la) and is_named(lb):
-        return _compare(ra_, rb_, deadline, depth + 1)
-    if la == lb and op != "=":
-        return _compare(ra_, rb_, deadline, depth + 1)
-    converted = [latex_to_sympy(x) for x in (la, ra_, lb, rb_)]
-    if None in converted:
-        return "different"
-    ca, cb = f"({converted[0]})-({converted[1]})", f"({converted[2]})-({converted[3]})"
-    return _sympy(ca, cb, "eq" if op in ("=", "!=") else "rel", 0.0, deadline)
-
-
-# ---------------------------------------------------------------------------------- sympy
-
-
-def _expressions(a: str, b: str, mode: str, deadline: float) -> Verdict:
-    """Compare two normalized LaTeX expressions with sympy."""
-    ca, cb = latex_to_sympy(a), latex_to_sympy(b)
-    if ca is None or cb is None:
-        return "different"
-    atol = _latex.decimal_tolerance(a) or _latex.decimal_tolerance(b) or 0
-    return _sympy(ca, cb, mode, float(atol), deadline)
-
-
-def _sympy(ca: str, cb: str, mode: str, atol: float, deadline: float) -> Verdict:
-    """Run one comparison of sympy strings in a worker process, within the deadline."""
+def _library(pred: str, gold: str, options: dict, deadline: float) -> Verdict:
+    """math-verify's verdict on the folded answer texts, in a worker job (`_latex_verify`),
+    within the deadline."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return "timeout"
-    result = get_pool().compare(ca, cb, mode, atol, remaining)
+    request = {**options, "targets": list(options["targets"])}
+    result = get_pool().compare(pred, gold, "mv", 0.0, remaining, request)
     if result is None:
         return "timeout"
     return "equal" if result else "different"
@@ -428,20 +345,22 @@ def _sympy(ca: str, cb: str, mode: str, atol: float, deadline: float) -> Verdict
 
 
 @register_reward("correctness")
-def correctness(completion: str, example: Mapping[str, Any]) -> RewardResult:
+def correctness(completion: str, example: Mapping[str, Any], **options: Any) -> RewardResult:
     """1.0 iff the extracted answer of `completion` is equivalent to `example["answer"]`.
 
     `example["answer"]` may be a bare key, a MATH solution with `\\boxed{}` or a GSM8K
-    solution ending in `#### N`. Reasons for 0.0: "no_answer" (nothing extractable),
-    "wrong", "timeout" (sympy did not decide within CORRECTNESS_TIMEOUT_S). Raises
-    ValueError when `example` has no "answer".
+    solution ending in `#### N`. `options` (bound from `rewards.options.correctness`): see
+    `verifier_options`. Reasons for 0.0: "no_answer" (nothing extractable), "wrong",
+    "timeout" (not decided within CORRECTNESS_TIMEOUT_S). Raises ValueError when `example`
+    has no "answer" or an option is invalid.
     """
+    opts = verifier_options(**options) if options else _DEFAULTS_CHECKED
     if "answer" not in example:
         raise ValueError(f"correctness: example has no 'answer' key (keys: {sorted(example)})")
     pred = extract_answer(completion)
     if pred is None:
         return RewardResult(0.0, "no_answer")
-    verdict = _verdict(pred, str(example["answer"]), CORRECTNESS_TIMEOUT_S)
+    verdict = _verdict(pred, str(example["answer"]), CORRECTNESS_TIMEOUT_S, opts)
     if verdict == "equal":
         return RewardResult(1.0)
     return RewardResult(0.0, "wrong" if verdict == "different" else "timeout")

@@ -1,0 +1,142 @@
+r"""math-verify inside a sympy worker job: hardening, parsing of one answer, the verdict.
+
+Loaded by path inside the worker process (it imports nothing from the package), like
+`_sympy_tree`. The zygote calls `harden()` once after importing math-verify and warming it up on constant
+answers (sympy imports some modules lazily, and a few of them `sympify` constant strings at
+import), before any untrusted text arrives, so every forked job inherits it:
+
+- sympy's `parse_expr` / `eval_expr` (the only place where sympy turns a string into code,
+  reached by `sympify(str)`, `Number(str)` and math-verify's plain-expression path) and the
+  copies bound by `latex2sympy2_extended` and `math_verify.parser` are replaced by
+  `numeric_literal`, which accepts a plain decimal literal and raises on anything else;
+- `latex2sympy2_extended.sets` / `.logic` call `sympify` on parser output; they get sympy's
+  strict `_sympify`, which never parses a string.
+
+So no text that reaches the LaTeX grammar (ANTLR: a tree, then sympy constructors) can be
+run as Python, whatever the grammar lets through.
+
+`verdict(pred, gold, options, tree)` parses both answers and calls `math_verify.verify`.
+An answer is parsed, first success wins:
+
+1. plain-expression syntax (`sqrt(2)/2`, `x**2`, a named call; no backslash), when the
+   "expr" target is on: `tree.build` (`_sympy_tree`, the restricted AST walk; math-verify's
+   own `ExprExtractionConfig` goes through `parse_expr` and is never used);
+2. math-verify's LaTeX extraction (and string extraction when "string" is on); an answer
+   without `$`, `\(`, `\[` or `\boxed` is wrapped in `$...$` first, so bare answers
+   (`\tfrac83`, `4, 12, 2`) parse;
+3. the last side of an equation chain that did not parse whole (`23 \bmod 7 = 2` -> `2`);
+4. `tree.build` of the text, when "expr" is on.
+"""
+from __future__ import annotations
+
+import re
+
+_NUMERIC = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,4})?")
+_DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
+_PLAIN_SYNTAX = re.compile(r"\*\*|(?<![\\A-Za-z])[A-Za-z]{2,}\s*\(")
+TARGETS = ("latex", "expr", "string")
+
+
+def numeric_literal(text, *args, **kwargs):
+    """Stand-in for sympy's `parse_expr`: a sympy Integer/Float of a plain decimal literal
+    (`"12"`, `"-0.5"`, `"1e3"`, at most 400 characters); anything else raises ValueError."""
+    import sympy
+
+    t = text.strip() if isinstance(text, str) else None
+    if t is None or len(t) > 400 or not _NUMERIC.fullmatch(t):
+        raise ValueError("string evaluation is disabled inside the math worker")
+    return sympy.Integer(int(t)) if re.fullmatch(r"[-+]?\d+", t) else sympy.Float(t)
+
+
+def _refuse(*args, **kwargs):
+    """Stand-in for sympy's `eval_expr`: always raises ValueError."""
+    raise ValueError("code evaluation is disabled inside the math worker")
+
+
+def harden() -> None:
+    """Cut every string-to-code path of sympy, latex2sympy2_extended and math-verify (see
+    the module docstring). Idempotent."""
+    import sympy.physics.units  # noqa: F401  (imported lazily by relation solving; it
+    #                             sympifies constant names at import, so import it now)
+    import latex2sympy2_extended.latex2sympy2 as l2s
+    import latex2sympy2_extended.logic as l2s_logic
+    import latex2sympy2_extended.sets as l2s_sets
+    import math_verify.parser as mv_parser
+    import sympy.parsing.sympy_parser as sympy_parser
+    from sympy.core.sympify import _sympify
+
+    for module in (sympy_parser, l2s, mv_parser):
+        module.parse_expr = numeric_literal
+    sympy_parser.eval_expr = _refuse
+    l2s_sets.sympify = _sympify
+    l2s_logic.sympify = _sympify
+    mv_parser.parse_expr_cached.cache_clear()
+    mv_parser.parse_latex_cached.cache_clear()
+
+
+def _has_value(parsed: list) -> bool:
+    """Whether math-verify's parse result holds a sympy object (not only the raw string)."""
+    return any(not isinstance(x, str) for x in parsed)
+
+
+def _tree(text: str, tree) -> list:
+    """[sympy object, text] from the restricted AST walk, or [] when it rejects the text."""
+    import sympy
+
+    try:
+        value = tree.build(text.replace("^", "**"))
+        # latex2sympy's symbols are real; the same names must be the same symbols here.
+        real = {s: sympy.Symbol(s.name, real=True) for s in value.free_symbols
+                if isinstance(s, sympy.Symbol)}
+        return [value.xreplace(real) if real else value, text]
+    except Exception:
+        return []
+
+
+def _library(text: str, targets: tuple[str, ...]) -> list:
+    """math-verify's LaTeX / string extraction of `text` (wrapped in `$` when bare)."""
+    from math_verify import LatexExtractionConfig, StringExtractionConfig, parse
+
+    configs = []
+    if "latex" in targets:
+        configs.append(LatexExtractionConfig())
+    if "string" in targets:
+        configs.append(StringExtractionConfig())
+    if not configs:
+        return []
+    wrapped = text if _DELIMITED.search(text) else f"${text}$"
+    return parse(wrapped, configs, parsing_timeout=None)
+
+
+def parse_answer(text: str, targets: tuple[str, ...], tree) -> list:
+    """The parsed forms of one answer string (a list for `math_verify.verify`; [] when
+    nothing parsed). Order of attempts: see the module docstring."""
+    plain = "expr" in targets and "\\" not in text and _PLAIN_SYNTAX.search(text)
+    if plain:
+        parsed = _tree(text, tree)
+        if parsed:
+            return parsed
+    parsed = _library(text, targets)
+    if not _has_value(parsed) and "=" in text:
+        tail = _library(text.rsplit("=", 1)[1], targets)
+        parsed = tail if _has_value(tail) else parsed
+    if not _has_value(parsed) and "expr" in targets:
+        parsed = _tree(text, tree) or parsed
+    return parsed
+
+
+def verdict(pred: str, gold: str, options: dict, tree) -> bool:
+    """math-verify's verdict on `pred` against `gold` with the config's options
+    (`float_rounding`, `numeric_precision`, `strict`, `targets`, `set_relation`); no
+    signal-based timeout (the worker's deadline bounds the job)."""
+    from math_verify import verify
+
+    targets = tuple(options.get("targets", ("latex", "expr")))
+    g, p = parse_answer(gold, targets, tree), parse_answer(pred, targets, tree)
+    if not g or not p:
+        return False
+    return bool(verify(g, p, float_rounding=int(options.get("float_rounding", 6)),
+                       numeric_precision=int(options.get("numeric_precision", 15)),
+                       strict=bool(options.get("strict", True)),
+                       allow_set_relation_comp=bool(options.get("set_relation", True)),
+                       timeout_seconds=None))
