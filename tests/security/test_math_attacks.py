@@ -166,3 +166,93 @@ def _state(pid: int) -> str:
             return next(line for line in f if line.startswith("State:")).lower()
     except (OSError, StopIteration):
         return "zombie"
+
+
+# ------------------------------------------------- math-verify and latex2sympy2_extended
+
+# What the zygote runs before serving: load, warm up on constants, harden; then the checks.
+_HARDENED = """
+import sys
+from jaxrl_reason.rewards import _sympy_worker as w
+w._CHILD["tree"] = w._load("_sympy_tree")
+mv = w._CHILD["mv"] = w._load("_latex_verify")
+for a, b in w._WARM_MV:
+    w._child_compare(a, b, "mv", 0.0, {"targets": ["latex", "expr", "string"]})
+mv.harden()
+import sympy, math_verify.parser, latex2sympy2_extended.sets, latex2sympy2_extended.logic
+from sympy.core.sympify import _sympify
+from latex2sympy2_extended.latex2sympy2 import latex2sympy
+marker = sys.argv[1]
+payload = "__import__('os').system('touch " + marker + "')"
+refused = 0
+for call in (lambda: sympy.sympify(payload), lambda: sympy.Number(payload),
+             lambda: math_verify.parser.parse_expr(payload),
+             lambda: latex2sympy2_extended.sets.sympify(payload),
+             lambda: latex2sympy2_extended.logic.sympify(payload)):
+    try:
+        call()
+    except Exception:
+        refused += 1
+assert refused == 5, refused
+assert sympy.Number("12") == 12 and sympy.sympify("2.5") == sympy.Float("2.5")
+assert sympy.simplify(latex2sympy(r"\\frac{1}{2} + 3") - sympy.Rational(7, 2)) == 0
+assert sorted(latex2sympy(r"\\{2, 1\\}")) == [1, 2]
+print("ok")
+"""
+
+
+def test_library_string_paths_refuse_code(tmp_path):
+    """After `harden`, every string-to-code path of sympy, latex2sympy2_extended and
+    math-verify refuses a payload (it would otherwise create the marker file), while
+    numeric literals and the LaTeX grammar still work."""
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-c", _HARDENED, str(marker)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert not marker.exists()
+
+
+def _latex_payloads(marker: str) -> list[str]:
+    """Answers that smuggle Python into the LaTeX path (text, operator names, sets,
+    relations, matrices, percent numbers) or the plain-expression path."""
+    code = f"__import__('os').system('touch {marker}')"
+    return [
+        f"\\boxed{{\\text{{{code}}}}}", f"\\{{\\text{{{code}}}, 1\\}}",
+        f"\\operatorname{{eval}}(\\text{{{code}}})", f"\\mathrm{{exec}}({code})",
+        f"x = \\text{{{code}}}", f"\\begin{{pmatrix}} \\text{{{code}}} \\end{{pmatrix}}",
+        f"{code}", f"sympify(\"{code}\")", f"\\text{{{code}}}\\%", f"$${code}$$",
+        f"\\boxed{{{code}}} = 7", f"1 < \\text{{{code}}} < 2",
+    ]
+
+
+def test_library_payloads_are_not_evaluated(tmp_path):
+    """Hostile answers through the real worker (without bwrap, so that a file written by
+    the payload would land here): no marker file, no forged verdict, the pool still
+    serves."""
+    marker = tmp_path / "pwned"
+    pool = SympyPool(1, isolate=False)
+    options = {"targets": ["latex", "expr", "string"], "float_rounding": 6,
+               "numeric_precision": 15, "strict": True, "set_relation": True}
+    try:
+        for payload in _latex_payloads(str(marker)):
+            for a, b in ((payload, "0"), ("0", payload)):
+                assert pool.compare(a, b, "mv", 0.0, 20.0, options) is not True, payload
+        assert pool.compare("\\sqrt{49}", "7", "mv", 0.0, 20.0, options) is True
+    finally:
+        pool.shutdown()
+    assert not marker.exists()
+
+
+def test_library_runs_inside_the_deadline():
+    """math-verify's own signal timeouts are off; a slow parse is cut by the pool."""
+    slow = r"\sin((10^{999})^{60})+\sin((10^{998})^{60})+\sin((10^{997})^{60})"
+    start = time.monotonic()
+    pool = SympyPool(1, isolate=False)
+    try:
+        pool.warm()
+        start = time.monotonic()
+        assert pool.compare(slow, "1", "mv", 0.0, 0.5, {"targets": ["latex"]}) is None
+        assert time.monotonic() - start < 2.5
+        assert pool.compare("\\frac{1}{2}", "0.5", "mv", 0.0, 20.0, {}) is True
+    finally:
+        pool.shutdown()
