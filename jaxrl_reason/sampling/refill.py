@@ -8,7 +8,9 @@ the next queued row. The whole batch runs in ONE jitted call, the queue on devic
                 its prompt r // G is copied into the slot's columns [0, Tp), its first
                 token drawn from the prompt's last logits (repeated while a row stops at
                 its first token)
-        decode `chunk` steps: one token for every busy slot, each slot at its own step
+        decode `chunk` steps: one token for every busy slot, each slot at its own step,
+                attending over the narrowest of `decode_stages` cache widths that holds
+                every busy slot's columns (`column_widths`; a copy of those columns)
 
 Cache layout, per slot, Tp + L columns: the prompt in [0, Tp), generated token t (fed back
 at step t + 1) in Tp + t, and a scratch column C - 1 = Tp + L - 1. The model writes a step's
@@ -86,6 +88,13 @@ def slot_key_valid(prompt_valid: jax.Array, step: jax.Array, length: int) -> jax
     return padded | generated | (col == length - 1)
 
 
+def column_widths(prompt_len: int, max_new_tokens: int, stages: int) -> tuple[int, ...]:
+    """The cache widths a decode chunk may attend over: Tp + each of `stage_ends(L,
+    stages)`, the last the whole cache Tp + L (ints, increasing)."""
+    from jaxrl_reason.sampling.sampler import stage_ends  # the module imports this one
+    return tuple(prompt_len + end for end in stage_ends(max_new_tokens, stages))
+
+
 def queue_order(budgets: jax.Array) -> jax.Array:
     """The order rows enter the slots: larger budgets first (longest-processing-time first,
     which keeps the long rows out of the tail), ties in row order; with one budget for
@@ -109,6 +118,7 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
 
     num_prompts, prompt_len = prompt_tokens.shape
     rows, length = num_prompts * num_samples, prompt_len + max_new_tokens
+    widths = column_widths(prompt_len, max_new_tokens, sampler.decode_stages)
     apply = functools.partial(sampler.model.apply, {"params": params})
     row_keys = per_row_keys(rng, jnp.arange(rows, dtype=jnp.int32))
     order = queue_order(budgets)
@@ -163,16 +173,18 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
         _, slot, _, queued, _ = state
         return jnp.any(slot["row"] < 0) & (queued < rows)
 
-    def decode_step(state):
+    def decode_step(width, state):
+        """One token for every busy slot, attending over the cache's first `width` columns
+        (the cache passed has that many; its last is the scratch column)."""
         out, slot, cache, queued, steps = state
         busy = slot["row"] >= 0
         row = jnp.clip(slot["row"], 0, rows - 1)
         step = slot["step"]
-        key_valid = slot_key_valid(slot["valid"], step, length)
+        key_valid = slot_key_valid(slot["valid"], step, width)
         positions = (slot["pos0"] + step - 1)[:, None]
-        logits, cache = apply(slot["last"][:, None], positions, key_valid, cache, length - 1)
-        cache = move_scratch(cache, jnp.minimum(prompt_len + step - 1, length - 2))
-        cache = sampler._constrain_cache(cache, slots, length)
+        logits, cache = apply(slot["last"][:, None], positions, key_valid, cache, width - 1)
+        cache = move_scratch(cache, jnp.minimum(prompt_len + step - 1, width - 2))
+        cache = sampler._constrain_cache(cache, slots, width)
         new, new_lp = select(step_keys(row_keys[row], step), logits[:, 0])
         eos = sampler._is_stop(new)
         out = write(out, jnp.where(busy, row, rows), step, new, new_lp, eos)
@@ -181,16 +193,33 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
                     step=jnp.where(busy, step + 1, step), last=new)
         return out, slot, cache, queued, steps + 1
 
-    def run_chunk(state):
-        state = jax.lax.while_loop(can_refill, refill_once, state)
+    def decode_chunk(width, state):
+        """Up to `chunk` decode steps on the cache's first `width` columns (a copy when
+        narrower than the cache, written back after): every busy slot's columns fit."""
+        out, slot, cache, queued, steps = state
+        narrow = jax.tree.map(lambda x: x[..., :width, :], cache)
 
         def cond(carry):
             i, state = carry
             return (i < chunk) & jnp.any(state[1]["row"] >= 0)
 
-        _, state = jax.lax.while_loop(cond, lambda c: (c[0] + 1, decode_step(c[1])),
-                                      (jnp.int32(0), state))
-        return state
+        _, (out, slot, narrow, queued, steps) = jax.lax.while_loop(
+            cond, lambda c: (c[0] + 1, decode_step(width, c[1])),
+            (jnp.int32(0), (out, slot, narrow, queued, steps)))
+        if width < length:
+            narrow = jax.tree.map(lambda x, n: x.at[..., :width, :].set(n), cache, narrow)
+        return out, slot, narrow, queued, steps
+
+    def run_chunk(state):
+        state = jax.lax.while_loop(can_refill, refill_once, state)
+        # The narrowest width whose columns below the scratch hold every busy slot's
+        # columns through the chunk: a slot at step s feeds up to column Tp + s + chunk - 2.
+        slot = state[1]
+        need = prompt_len + jnp.max(jnp.where(slot["row"] >= 0, slot["step"], 0)) + chunk
+        branch = jnp.minimum(jnp.sum((jnp.asarray(widths) < need).astype(jnp.int32)),
+                             len(widths) - 1)
+        return jax.lax.switch(branch, [functools.partial(decode_chunk, w) for w in widths],
+                              state)
 
     def pending(state):
         _, slot, _, queued, _ = state
