@@ -28,10 +28,11 @@ import jax
 from jaxrl_reason import paths
 from jaxrl_reason.checkpointing import Checkpointer, abstract_like
 from jaxrl_reason.models.config import ModelConfig
-from jaxrl_reason.models.params import abstract_params, param_shardings
+from jaxrl_reason.models import lora as lora_lib, lora_params
+from jaxrl_reason.models.params import abstract_params, init_params, param_shardings, to_layout
 from jaxrl_reason.sharding import put_replicated, replicated
 from jaxrl_reason.tokenizers import tokenizer_from_serialized
-from jaxrl_reason.train_state import TrainState
+from jaxrl_reason.train_state import TrainState, trainable_params
 
 PHASES = ("sft", "rl")
 
@@ -42,7 +43,9 @@ def phase_dir(workdir: str, phase: str) -> str:
 
 
 def _state_tree(state: TrainState, extra: dict | None) -> dict:
-    tree = {"train_state": {"step": state.step, "params": state.params,
+    # LoRA: only the adapters (the trainable leaves) and their optimizer state are saved;
+    # the metadata's "lora_base" names the frozen base and fingerprints it.
+    tree = {"train_state": {"step": state.step, "params": trainable_params(state.params),
                             "opt_state": state.opt_state}}
     tree.update(extra or {})
     return tree
@@ -82,6 +85,24 @@ class PhaseCheckpointer:
         self.restored_step: int | None = None
         self.ckpt = Checkpointer(phase_dir(rt.workdir, phase),
                                  max_to_keep=rt.config.checkpoint.max_to_keep)
+        self._lora_base: dict | None = None
+
+    def lora_base(self, params) -> dict | None:
+        """Metadata naming the frozen base of LoRA `params` (None without adapters): where
+        it comes from (the run's hf_model, its SFT checkpoint, or the seed's random init)
+        and its `lora_params.base_fingerprint`, computed once (the base is frozen)."""
+        if not lora_lib.has_adapters(params):
+            return None
+        if self._lora_base is None:
+            config = self.rt.config
+            if config.get("hf_model"):
+                source = {"kind": "hf", "path": config.hf_model}
+            elif self.phase == "rl":
+                source = {"kind": "checkpoint", "path": phase_dir(self.rt.workdir, "sft")}
+            else:
+                source = {"kind": "init", "seed": int(config.seed)}
+            self._lora_base = {**source, "fingerprint": lora_params.base_fingerprint(params)}
+        return self._lora_base
 
     def metadata(self, data_state: Any, extra_meta: dict | None = None) -> dict:
         return {
@@ -97,6 +118,8 @@ class PhaseCheckpointer:
              extra: dict | None = None, extra_meta: dict | None = None) -> None:
         """Saves `state` (+ `extra` arrays) as `step` and waits until it is complete."""
         tree = _global_leaves(_state_tree(state, extra), self.rt.mesh)
+        base = self.lora_base(state.params)
+        extra_meta = {**(extra_meta or {}), **({"lora_base": base} if base else {})}
         self.ckpt.save(step, tree, self.metadata(data_state, extra_meta), force=True)
         self.ckpt.wait_until_finished()
 
@@ -116,7 +139,15 @@ class PhaseCheckpointer:
         self.restored_step = self.ckpt.last_restored_step
         report_fallback(self.ckpt, f"resuming {self.phase}")
         ts = tree.pop("train_state")
-        state = TrainState(step=ts["step"], params=ts["params"], opt_state=ts["opt_state"])
+        params = ts["params"]
+        if lora_lib.has_adapters(template.params):  # the adapters onto the template's base
+            if "lora_base" not in meta:
+                raise ValueError(f"checkpoint in {self.ckpt.directory} holds no LoRA "
+                                 f"adapters but the model has model.lora")
+            lora_params.check_base_fingerprint(meta["lora_base"]["fingerprint"],
+                                               template.params, f"resuming {self.phase}")
+            params = lora_lib.merge_trees(params, lora_lib.without_adapters(template.params))
+        state = TrainState(step=ts["step"], params=params, opt_state=ts["opt_state"])
         return (state, meta, tree) if extra is not None else (state, meta)
 
     def latest_step(self) -> int | None:
@@ -175,9 +206,13 @@ def load_params(path: str, mesh, rules, step: int | None = None):
         if "model_config" not in meta:
             raise ValueError(f"checkpoint in {directory} has no model_config in its metadata")
         model_cfg = ModelConfig(**meta["model_config"])
+        if model_cfg.lora is not None and "lora_base" not in meta:
+            model_cfg = model_cfg.replace(lora=None)  # a LoRA run's full-fine-tuning phase
         shardings = param_shardings(model_cfg, mesh, rules)
         params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                               abstract_params(model_cfg), shardings)
+        if "lora_base" in meta:
+            params = lora_lib.split_adapters(params)[0]
         return {"train_state": {"params": params}}
 
     with Checkpointer(directory) as ckpt:
@@ -185,4 +220,27 @@ def load_params(path: str, mesh, rules, step: int | None = None):
         report_fallback(ckpt, f"loading params from {directory}")
     model_cfg = ModelConfig(**meta["model_config"])
     tokenizer = tokenizer_from_serialized(meta["tokenizer"])
-    return tree["train_state"]["params"], model_cfg, tokenizer, meta
+    params = tree["train_state"]["params"]
+    if "lora_base" in meta:
+        base = lora_params.quantize_base(model_cfg, _lora_base_params(
+            meta["lora_base"], model_cfg, mesh, rules), mesh, rules)
+        lora_params.check_base_fingerprint(meta["lora_base"]["fingerprint"], base,
+                                           f"loading the LoRA checkpoint in {directory}")
+        params = lora_lib.merge_trees(params, base)
+    return params, model_cfg, tokenizer, meta
+
+
+def _lora_base_params(source: dict, model_cfg: ModelConfig, mesh, rules):
+    """The float base params a LoRA checkpoint's "lora_base" metadata names (a Hugging Face
+    directory, a phase checkpoint, or the random init of a seed), in `model_cfg`'s layout."""
+    plain = model_cfg.replace(lora=None)
+    if source["kind"] == "hf":
+        from jaxrl_reason.models import hf
+        return hf.load_hf_checkpoint(source["path"], mesh, rules, dtype=plain.param_dtype,
+                                     compute_dtype=plain.dtype,
+                                     scan_layers=plain.scan_layers)[1]
+    if source["kind"] == "checkpoint":
+        return to_layout(plain, load_params(source["path"], mesh, rules)[0])
+    if source["kind"] == "init":
+        return init_params(plain, jax.random.key(source["seed"]), mesh, rules)
+    raise ValueError(f"unknown LoRA base source {source!r} in checkpoint metadata")

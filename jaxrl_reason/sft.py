@@ -19,6 +19,7 @@ from jaxrl_reason import sharding as shd
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.metrics import MetricsWriter, format_line
+from jaxrl_reason.models.lora_params import for_training
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
@@ -29,7 +30,7 @@ from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.sampling.sampler import right_pad, round_up
 from jaxrl_reason.train_state import (TrainState, apply_gradients_if_finite,
                                       create_train_state, learning_rate_schedule,
-                                      make_optimizer)
+                                      make_optimizer, value_and_grad)
 
 
 def sft_examples(source: Sequence[Mapping[str, Any]], limit: int) -> Sequence[Mapping[str, Any]]:
@@ -97,7 +98,8 @@ def make_sft_step(model, optimizer, mesh=None, rules=()):
     mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`)."""
 
     def step(state: TrainState, batch):
-        grad_fn = jax.value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
+        # only the LoRA adapters when the params hold any (train_state.value_and_grad)
+        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
@@ -118,8 +120,15 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
     optimizer = make_optimizer(
         learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.steps, "cosine"),
         weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+    # A run with model.lora trains adapters in SFT only with sft.lora (else SFT fully
+    # fine-tunes the plain base, e.g. a cold start from random weights, and RL adds them).
+    lora = rt.model_cfg.lora is not None and bool(cfg.get("lora", False))
     if params is None:
-        params = init_params(rt.model_cfg, jax.random.key(rt.config.seed), rt.mesh, rt.rules)
+        plain = rt.model_cfg if lora else rt.model_cfg.replace(lora=None)
+        params = init_params(plain, jax.random.key(rt.config.seed), rt.mesh, rt.rules)
+    if lora:
+        params = for_training(rt.model_cfg, params, jax.random.key(rt.config.seed + 1),
+                              rt.mesh, rt.rules)
     state = create_train_state(params, optimizer)
     source = sft_examples(task_source(rt.config, "train", rt.config.task.train_levels,
                                       cfg.num_examples, seed=rt.config.seed), cfg.num_examples)

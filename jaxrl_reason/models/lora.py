@@ -13,6 +13,8 @@ use: "int8" (symmetric, one float32 scale per output channel: `kernel_int8`,
 `kernel_scale`) or "nf4" (4-bit NormalFloat of Dettmers et al. 2023, two codes per byte
 along the last axis, one float32 absmax per block of up to 64 values of the last axis:
 `kernel_nf4`, `kernel_absmax`). Embeddings, norms and the LM head stay in `param_dtype`.
+A projection that holds a float `kernel` uses it whatever `base_quant` says, so a LoRA model
+also runs the plain params of the base it was attached to (`lora_params.attach_adapters`).
 
 Hand-written rather than qwix: qwix intercepts `lax.dot_general`/einsum calls inside a
 module, while our CPU projections go through a custom-VJP matmul
@@ -278,7 +280,7 @@ class Projection(nn.Module):
         shape = tuple(in_shape) + tuple(self.features)
         quant = "none" if self.lora is None else self.lora.base_quant
         init = nn.with_logical_partitioning(self.kernel_init, self.kernel_logical)
-        if quant == "none":
+        if quant == "none" or self.has_variable("params", "kernel"):  # a float base
             kernel = self.param("kernel", init, shape, self.param_dtype)
         else:
             kernel = self._quantized_kernel(shape, quant)

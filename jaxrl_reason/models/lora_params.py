@@ -140,3 +140,65 @@ def merged_params(cfg: ModelConfig, params: Mapping) -> dict:
 def _delta(a: jax.Array, b: jax.Array) -> jax.Array:
     """A [in..., r] @ B [r, out...] -> float32 [in..., out...]."""
     return jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=([-1], [0]))
+
+
+def for_training(cfg: ModelConfig, params: Mapping, rng: jax.Array, mesh: Mesh,
+                 rules: Iterable[tuple[str, Any]]) -> Mapping:
+    """The params a phase trains: with `cfg.lora`, a base without adapters gets them
+    (`attach_adapters`); params that hold adapters, or any params without `cfg.lora`, are
+    returned as they are."""
+    if cfg.lora is None or lora_lib.has_adapters(params):
+        return params
+    return attach_adapters(cfg, params, rng, mesh, rules)
+
+
+def base_fingerprint(params: Mapping) -> dict:
+    """A cheap identity check of the frozen base of `params` (the adapters excluded): its
+    number of scalars and, per leaf, the float32 sum and sum of squares, computed on the
+    devices (two floats per leaf reach the host). JSON-serialisable."""
+    _, base = lora_lib.split_adapters(params)
+    flat = jax.tree_util.tree_flatten_with_path(base)[0]
+    sums = jax.jit(lambda xs: [jnp.stack([jnp.sum(x.astype(jnp.float32)),
+                                          jnp.sum(jnp.square(x.astype(jnp.float32)))])
+                               for x in xs])([x for _, x in flat])
+    return {"size": int(sum(x.size for _, x in flat)),
+            "sums": [[float(v) for v in np.asarray(s)] for s in sums]}
+
+
+def check_base_fingerprint(expected: Mapping, params: Mapping, where: str) -> None:
+    """ValueError naming `where` when the base of `params` is not the one `expected`
+    (a `base_fingerprint`) describes; sums compare to a relative 1e-4 (another mesh sums
+    in another order)."""
+    got = base_fingerprint(params)
+    if got["size"] != expected["size"] or len(got["sums"]) != len(expected["sums"]):
+        raise ValueError(f"{where}: the LoRA adapters were trained on a base of "
+                         f"{expected['size']:,} parameters in {len(expected['sums'])} "
+                         f"tensors, but the base given has {got['size']:,} in "
+                         f"{len(got['sums'])}")
+    a, b = np.asarray(got["sums"]), np.asarray(expected["sums"])
+    if not np.allclose(a, b, rtol=1e-4, atol=1e-6):
+        bad = int(np.argmax(np.abs(a - b).max(axis=1)))
+        raise ValueError(f"{where}: the base model differs from the one the LoRA adapters "
+                         f"were trained on (tensor {bad}: sums {a[bad].tolist()} vs "
+                         f"{b[bad].tolist()}); point the run at the same base")
+
+
+def check_rl_config(cfg: ModelConfig, rl: Mapping) -> None:
+    """ValueError listing what an RL config asks of a LoRA policy that LoRA cannot do:
+    `rl.ref_sync_every` (the reference is the base with the adapters removed: there is no
+    separate copy to mix toward the policy) and PPO's critic (a value model without
+    adapters). Nothing without `cfg.lora`."""
+    if cfg.lora is None:
+        return
+    problems = []
+    if int(rl.get("ref_sync_every", 0) or 0) > 0:
+        problems.append(f"rl.ref_sync_every={rl.get('ref_sync_every')}: mixing the reference "
+                        f"toward the policy is not supported with model.lora (the reference "
+                        f"is the base with the adapters removed, not a copy); set it to 0")
+    if rl.get("advantage_estimator") == "gae":
+        problems.append("rl.advantage_estimator='gae': PPO's critic is a full value model "
+                        "without adapters and cannot start from a LoRA policy's (possibly "
+                        "quantized) tree; use a group estimator (grpo, rloo, reinforce_pp) "
+                        "with model.lora, or drop model.lora for PPO")
+    if problems:
+        raise ValueError("LoRA: " + "; ".join(problems))

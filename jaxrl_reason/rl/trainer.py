@@ -46,6 +46,9 @@ from jaxrl_reason.rl.batches import (Collected, Rollout, merge_groups, select_tr
                                      zero_variance_groups)
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
 from jaxrl_reason.rl.rm_reward import load_reward_component
+from jaxrl_reason.models.lora import without_adapters
+from jaxrl_reason.models.lora_params import check_rl_config as check_lora_rl_config
+from jaxrl_reason.models.lora_params import for_training as lora_for_training
 from jaxrl_reason.rl.critic import Critic
 from jaxrl_reason.run_state import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
@@ -73,6 +76,12 @@ class RLTrainer:
     def __init__(self, rt: Runtime, writer: MetricsWriter, *, init_params, ref_params=None):
         self.rt, self.writer, self.rl = rt, writer, rt.config.rl
         rl = self.rl
+        # LoRA (model.lora): the policy trains only adapters attached to `init_params`, and
+        # the reference is the same params with the adapters removed (no copy).
+        check_lora_rl_config(rt.model_cfg, rl)
+        self.lora = rt.model_cfg.lora is not None
+        init_params = lora_for_training(rt.model_cfg, init_params,
+                                        jax.random.key(rt.config.seed + 3), rt.mesh, rt.rules)
         self.optimizer = make_optimizer(
             learning_rate_schedule(rl.learning_rate, rl.warmup_steps, rl.steps,
                                    rl.lr_decay),
@@ -82,7 +91,9 @@ class RLTrainer:
         # memory between its log-prob passes with rl.offload_reference.
         self.ref_params = None
         self.beta = float(rl.beta)  # the KL coefficient; moves with an adaptive KL target
-        if rl.beta > 0:
+        if rl.beta > 0 and self.lora:
+            self.ref_params = {}  # the base inside self.state.params (`_reference`)
+        elif rl.beta > 0:
             src = init_params if ref_params is None else ref_params
             self.ref_params = (shd.to_memory(src, "pinned_host")
                                if rl.get("offload_reference", False)
@@ -119,7 +130,10 @@ class RLTrainer:
 
     def _reference(self):
         """The reference params on the chips (a transient copy when they live in host
-        memory: it is freed once the log-prob pass that reads it is done)."""
+        memory: it is freed once the log-prob pass that reads it is done). LoRA: the
+        policy's params without the adapters."""
+        if self.lora:
+            return without_adapters(self.state.params)
         if self.rl.get("offload_reference", False):
             return shd.to_memory(self.ref_params, "device")
         return self.ref_params
@@ -141,7 +155,7 @@ class RLTrainer:
 
     def _extra(self) -> dict:
         extra = {"rng": jax.random.key_data(self.rng)}
-        if self.ref_params is not None:
+        if self.ref_params:  # LoRA's reference is the saved policy's base
             extra["ref_params"] = self.ref_params
         if self.critic is not None:
             extra["value_state"] = self.critic.checkpoint_tree()
@@ -162,7 +176,7 @@ class RLTrainer:
         self.data.set_state(meta["data_iterator"])
         self.beta = float(meta.get("beta", self.rl.beta))
         self.rng = jax.random.wrap_key_data(extra["rng"])
-        if self.ref_params is not None:
+        if self.ref_params:
             self.ref_params = extra["ref_params"]
         if "value_state" in extra:
             self.critic.load_checkpoint_tree(extra["value_state"])

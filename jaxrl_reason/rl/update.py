@@ -19,7 +19,8 @@ from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import _micro_sharding, from_micro, to_micro
-from jaxrl_reason.train_state import TrainState, apply_gradients_if_finite
+from jaxrl_reason.train_state import (TrainState, apply_gradients_if_finite, trainable_params,
+                                      value_and_grad)
 
 
 def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None, rules=()):
@@ -101,7 +102,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
             sampler_logp=batch.get("sampler_logp"), tis_cap=rl.tis_cap or None,
             backend=backend, mesh=mesh, batch_axes=batch_axes)
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = value_and_grad(loss_fn, has_aux=True)  # LoRA: the adapters' gradients only
 
     def accumulate(params, batch):
         # Micro-batches slice rows: a prompt per row.
@@ -118,7 +119,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
             (l, m), g = grad_fn(params, {**mb, **consts})
             return (jax.tree.map(jnp.add, grads, g), loss + l), m
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        zeros = jax.tree.map(jnp.zeros_like, trainable_params(params))
         (grads, loss), ms = jax.lax.scan(body, (zeros, jnp.float32(0.0)), micro)
         metrics = {n: (v.max() if n.endswith("_max") else v.mean()) for n, v in ms.items()}
         return (loss, metrics), grads
