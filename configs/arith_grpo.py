@@ -143,6 +143,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "length_cosine": {"correct_short": 2.0, "correct_long": 1.0, "wrong_short": -10.0,
                           "wrong_long": 0.0, "exceed": -10.0},  # Yeo et al. cosine reward
         "overlong_dapo": {"cache_length": 0},                # DAPO soft window; 0 = L/4
+        # the math verifier (math-verify's options; also used by eval and distill):
+        # decimals equal after rounding to float_rounding places; strict: variables matter,
+        # a set is not a tuple; targets: "latex", "expr" (plain expressions), "string";
+        # set_relation: an inequality may equal an interval
+        "correctness": {"float_rounding": 6, "numeric_precision": 15, "strict": True,
+                        "targets": ("latex", "expr"), "set_relation": True},
     })
     c.rewards.modules = ()                  # modules / .py files registering user rewards
     c.rewards.num_workers = 2               # host threads scoring completions

@@ -54,7 +54,7 @@ from jaxrl_reason.data.files import FileSource, read_examples
 from jaxrl_reason.data.tasks import task_source, task_verifier
 from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.config import ModelConfig, get_preset
-from jaxrl_reason.rewards.pool import RewardPool, import_reward_modules
+from jaxrl_reason.rewards.pool import RewardPool, config_options, import_reward_modules
 from jaxrl_reason.runtime import Runtime, build_runtime
 from jaxrl_reason.sft import run_sft
 from jaxrl_reason.validation import check_config
@@ -157,14 +157,15 @@ def select_completions(examples: Sequence[Mapping[str, Any]], completions: Seque
 
 def verify_completions(completions: Sequence[str], examples: Sequence[Mapping[str, Any]],
                        verifiers: Sequence[str], *, num_workers: int = 2,
-                       timeout_s: float = 5.0) -> np.ndarray:
+                       timeout_s: float = 5.0,
+                       options: Mapping[str, Mapping] | None = None) -> np.ndarray:
     """bool [N]: every reward named in `verifiers` scores completion i (against
     `examples[i]`) above 0.5. Runs on a host thread pool; a verifier that raises or times
-    out rejects."""
+    out rejects. `options`: reward name -> keyword options (the run's `rewards.options`)."""
     if not verifiers:
         raise ValueError("verify_completions needs at least one verifier name")
-    with RewardPool({name: 1.0 for name in verifiers}, num_workers=num_workers,
-                    timeout_s=timeout_s) as pool:
+    with RewardPool({name: 1.0 for name in verifiers}, options=options,
+                    num_workers=num_workers, timeout_s=timeout_s) as pool:
         result = pool.score(list(completions), list(examples))
     ok = np.ones(len(completions), bool)
     for name in verifiers:
@@ -224,7 +225,7 @@ def rejection_sample(rt: Runtime, params, examples: Sequence[Mapping[str, Any]],
     if verify:
         correct = distributed.broadcast_from_primary(verify_completions(
             texts, rows, verifiers, num_workers=rt.config.rewards.num_workers,
-            timeout_s=rt.config.rewards.timeout_s))
+            timeout_s=rt.config.rewards.timeout_s, options=config_options(rt.config)))
     else:
         correct = np.ones(len(texts), bool)
     records = select_completions(examples, texts, lengths, correct, num_samples=num_samples,

@@ -25,6 +25,7 @@ live in `jaxrl_reason.evaluation` and `jaxrl_reason.comparison`, which are pure 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ import numpy as np
 from jaxrl_reason import comparison, evaluation
 from jaxrl_reason.progress import ProgressBar
 from jaxrl_reason.rewards.math import extract_answer, is_equivalent
-from jaxrl_reason.rewards.pool import RewardPool
+from jaxrl_reason.rewards.pool import RewardPool, config_options
 from jaxrl_reason.data.tasks import eval_sources, task_verifier
 from jaxrl_reason.runtime import Runtime
 
@@ -95,18 +96,22 @@ def sample_and_verify(rt: Runtime, params, examples: Sequence[Mapping], pool: Re
                       seed: int, num_samples: int, temperature: float, top_p: float,
                       max_new_tokens: int, batch_prompts: int, verifier: str | None = None,
                       filter_verifier: str | None = None,
-                      answer_equivalence: bool = False) -> dict[str, Any]:
+                      answer_equivalence: bool = False,
+                      equivalence_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Samples `num_samples` completions per example and verifies them.
 
     `verifier` names the pool component deciding correctness (default: the pool's total);
-    `filter_verifier` a component whose scores are returned for best-of-k.
+    `filter_verifier` a component whose scores are returned for best-of-k;
+    `equivalence_options` the math verifier's options for `answer_equivalence`
+    (`rewards.options.correctness`).
     Returns: correct bool [P, n], answers (P x n list of str | None; with
     `answer_equivalence`, equivalent answers of a problem share one string), lengths int
     [P, n], texts (P x n list of str), scores f32 [P, n] (filter_verifier's; None without).
     """
     correct, answers, lengths, texts, scores = [], [], [], [], []
     rng = jax.random.key(seed)
-    equivalent = is_equivalent if answer_equivalence else None
+    equivalent = (functools.partial(is_equivalent, **dict(equivalence_options or {}))
+                  if answer_equivalence else None)
     for i, (chunk, real) in enumerate(_padded_chunks(examples, batch_prompts)):
         pt, pv = rt.encode_prompts(chunk)
         out = rt.sampler(params, rt.put_prompts(pt), rt.put_prompts(pv),
@@ -174,7 +179,8 @@ def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] 
     if filter_verifier is not None and filter_verifier != verifier:
         weights[filter_verifier] = 0.0
     verdicts: dict[str, np.ndarray] = {}
-    with RewardPool(weights, num_workers=rt.config.rewards.num_workers,
+    options = config_options(rt.config)  # the same verifier options as training
+    with RewardPool(weights, options=options, num_workers=rt.config.rewards.num_workers,
                     timeout_s=rt.config.rewards.timeout_s) as pool, \
             ProgressBar(len(sets) * len(cfg.seeds), f"eval{label}", enabled=progress) as bar:
         for name, examples in sets.items():
@@ -185,7 +191,8 @@ def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] 
                                         max_new_tokens=cfg.max_new_tokens,
                                         batch_prompts=cfg.batch_prompts, verifier=verifier,
                                         filter_verifier=filter_verifier,
-                                        answer_equivalence=equivalence)
+                                        answer_equivalence=equivalence,
+                                        equivalence_options=options.get("correctness"))
                 per_seed.append(evaluation.seed_metrics(
                     res["correct"], res["answers"], res["lengths"], ks, scores=res["scores"],
                     num_subsets=subsets, seed=seed))

@@ -463,11 +463,13 @@ class SympyPool:
         deadline = time.monotonic() + timeout_s
         if not self._slots.acquire(timeout=max(0.0, timeout_s)):
             return None
-        worker = None
+        worker, first_start, started = None, not self._served, time.monotonic()
         try:
             worker = self._checkout(deadline)
             if worker is None:
                 return None
+            if first_start:  # the pool's first start-up is not counted against the call
+                deadline += time.monotonic() - started
             worker.jobs += 1
             job = worker.jobs
             request = {"id": job, "a": a, "b": b, "mode": mode, "atol": float(atol),

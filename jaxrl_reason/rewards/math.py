@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from jaxrl_reason.rewards import _latex
@@ -82,7 +82,8 @@ def verifier_options(**options: Any) -> dict:
         if not isinstance(out[name], bool):
             raise ValueError(f"math verifier option {name}={out[name]!r}: need a bool")
     targets = out["targets"]
-    if isinstance(targets, str) or not targets or any(t not in _TARGETS for t in targets):
+    if isinstance(targets, str) or not isinstance(targets, Sequence) or not targets or \
+            any(t not in _TARGETS for t in targets):
         raise ValueError(f"math verifier option targets={targets!r}: need a non-empty list "
                          f"of {list(_TARGETS)}")
     out["targets"] = tuple(dict.fromkeys(targets))
@@ -345,16 +346,20 @@ def _library(pred: str, gold: str, options: dict, deadline: float) -> Verdict:
 
 
 @register_reward("correctness")
-def correctness(completion: str, example: Mapping[str, Any], **options: Any) -> RewardResult:
+def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: int = 6,
+                numeric_precision: int = 15, strict: bool = True,
+                targets: Sequence[str] = ("latex", "expr"),
+                set_relation: bool = True) -> RewardResult:
     """1.0 iff the extracted answer of `completion` is equivalent to `example["answer"]`.
 
     `example["answer"]` may be a bare key, a MATH solution with `\\boxed{}` or a GSM8K
-    solution ending in `#### N`. `options` (bound from `rewards.options.correctness`): see
-    `verifier_options`. Reasons for 0.0: "no_answer" (nothing extractable), "wrong",
+    solution ending in `#### N`. The keyword options (bound from
+    `rewards.options.correctness`) are math-verify's: see `verifier_options`. Reasons for 0.0: "no_answer" (nothing extractable), "wrong",
     "timeout" (not decided within CORRECTNESS_TIMEOUT_S). Raises ValueError when `example`
     has no "answer" or an option is invalid.
     """
-    opts = verifier_options(**options) if options else _DEFAULTS_CHECKED
+    opts = verifier_options(float_rounding=float_rounding, numeric_precision=numeric_precision,
+                            strict=strict, targets=tuple(targets), set_relation=set_relation)
     if "answer" not in example:
         raise ValueError(f"correctness: example has no 'answer' key (keys: {sorted(example)})")
     pred = extract_answer(completion)

@@ -453,6 +453,13 @@ class RewardPool:
         return out
 
 
+def config_options(config) -> dict[str, dict]:
+    """`rewards.options` of a run config as {reward name: keyword options}: what the RL
+    pool, `eval` and the distillation filter bind, so that all three judge alike (e.g. the
+    math verifier's `rewards.options.correctness`)."""
+    return {k: dict(v) for k, v in dict(config.rewards.get("options", {})).items()}
+
+
 def make_reward_pool(config) -> RewardPool:
     """The RL reward pool of a run config: `rewards.weights`, `rewards.options`, the task's
     verifier, `rewards.num_workers`, `rewards.timeout_s`. Imports `rewards.modules` first so
@@ -460,8 +467,7 @@ def make_reward_pool(config) -> RewardPool:
     from jaxrl_reason.data.tasks import task_verifier  # data imports nothing from rewards
 
     import_reward_modules(config.rewards.get("modules", ()))
-    options = {k: dict(v) for k, v in dict(config.rewards.get("options", {})).items()}
-    return RewardPool(dict(config.rewards.weights), options=options,
+    return RewardPool(dict(config.rewards.weights), options=config_options(config),
                       verifier=task_verifier(config), num_workers=config.rewards.num_workers,
                       timeout_s=config.rewards.timeout_s)
 

@@ -632,3 +632,36 @@ def test_correctness_reward_accepts_full_gsm8k_and_math_solutions():
     math_ = {"prompt": "p", "answer": "Hence $x = \\boxed{\\frac{3}{4}}$."}
     assert reward("<think>...</think> The answer is $0.75$.", math_) == RewardResult(1.0)
     assert reward("\\boxed{\\frac{4}{3}}", math_) == RewardResult(0.0, "wrong")
+
+
+def test_config_options_reach_training_eval_and_distill():
+    """`rewards.options.correctness` is what the RL pool, `eval` and the distillation
+    filter bind; the shipped config's block is valid."""
+    import importlib.util
+    from pathlib import Path
+
+    import ml_collections
+
+    from jaxrl_reason.distill import verify_completions
+    from jaxrl_reason.rewards.math import verifier_options
+    from jaxrl_reason.rewards.pool import RewardPool, config_options
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "arith_grpo.py"
+    spec = importlib.util.spec_from_file_location("_arith_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = config_options(module.get_config())["correctness"]
+    assert verifier_options(**shipped)["targets"] == ("latex", "expr")
+
+    config = ml_collections.ConfigDict({"rewards": {"options": {
+        "correctness": {"float_rounding": 2}}}})
+    completions, examples = ["so \\boxed{1.41}"] * 2, [{"prompt": "", "answer": "\\sqrt{2}"}] * 2
+    with RewardPool({"correctness": 1.0}, options=config_options(config)) as pool:
+        result = pool.score(completions, examples)
+        assert list(result.total) == [1.0, 1.0], result.reasons
+    with RewardPool({"correctness": 1.0}) as pool:  # default: 6 decimal places
+        assert list(pool.score(completions, examples).total) == [0.0, 0.0]
+    assert verify_completions(completions, examples, ["correctness"],
+                              options=config_options(config)).all()
+    with pytest.raises(ValueError, match="no option"):
+        RewardPool({"correctness": 1.0}, options={"correctness": {"rounding": 2}})
