@@ -47,7 +47,8 @@ __all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude"
            "logit_terms_bound", "rms_projection_bound", "decoder_tolerance",
            "decoder_grad_tolerance", "attention_tolerance", "attention_loss_tolerances",
            "kv_cache_tolerance", "value_head_tolerance",
-           "group_advantage_tolerance"]
+           "group_advantage_tolerance", "policy_loss_magnitudes", "policy_loss_tolerances",
+           "logprobs_tolerances"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -346,3 +347,68 @@ def group_advantage_tolerance(rewards, group_size: int, *, estimator: str = "grp
     return {"advantages": float(orders * adv.max(initial=0.0)),
             "mean": f32_tolerance(group_size, big_r, chain=2, orders=orders),
             "std": f32_tolerance(group_size, big_r, chain=3, orders=orders)}
+
+
+def policy_loss_magnitudes(x, beta=0.05, entropy_coef=0.01, *, epsilon_high=0.28,
+                           clip_ratio_c=None):
+    """For a policy loss's inputs x (a dict of [B, L] "logp", "old_logp", "mask", optional
+    "ref_logp" and "entropy", and "advantages" [B] or [B, L]):
+    (n, magnitudes): the token count B * L and, per output ("loss", "pg_loss", each
+    metric, "default" for the rest), an upper bound of |term| over the masked tokens, in
+    float64: every aggregation weighs the tokens by weights summing to at most 1 (a metric
+    is a mean), so that is the magnitude (sum of |weight * term|) of the weighted sum.
+
+    pg term: (1 + epsilon_high) * A where A > 0; max(ratio, 1) * |A| where A < 0, capped
+    at clip_ratio_c * |A| with the dual clip (ratio = exp(logp - old_logp)). The loss adds
+    beta * kl + entropy_coef * entropy, every KL estimator below exp|d| + |d| + d^2 / 2 + 1
+    (d = ref_logp - logp). The clip fractions count tokens (terms 0 or 1).
+    """
+    mask = np.asarray(x["mask"])
+    f64 = lambda k: np.where(mask, np.asarray(x[k], np.float64), 0.0)  # noqa: E731
+    ratio = np.where(mask, np.exp(f64("logp") - f64("old_logp")), 0.0)
+    adv = np.broadcast_to(np.asarray(x["advantages"], np.float64).reshape(
+        mask.shape[0], -1), mask.shape)
+    neg = np.maximum(ratio, 1.0) if clip_ratio_c is None else np.clip(ratio, 1.0, clip_ratio_c)
+    pg = np.where(mask, np.abs(adv) * np.where(adv > 0, 1.0 + epsilon_high, neg), 0.0)
+    kl = ent = 0.0
+    if x["ref_logp"] is not None:
+        d = np.abs(f64("ref_logp") - f64("logp"))
+        kl = float(np.where(mask, np.exp(d) + d + d * d / 2 + 1, 0.0).max(initial=0.0))
+    if x["entropy"] is not None:
+        ent = float(np.abs(f64("entropy")).max(initial=0.0))
+    pg, ratio = float(pg.max(initial=0.0)), float(ratio.max(initial=1.0))
+    loss = pg + abs(float(beta)) * kl + entropy_coef * ent
+    return mask.size, {"loss": loss, "pg_loss": pg, "ratio_mean": ratio, "ratio_max": ratio,
+                       "kl": kl, "entropy": ent, "clip_frac_low": 1.0, "clip_frac_high": 1.0,
+                       "clip_frac_dual": 1.0, "default": max(loss, ratio, kl, ent)}
+
+
+def policy_loss_tolerances(x, beta=0.05, entropy_coef=0.01, **clip) -> dict:
+    """{output: float32 bound} of the loss and metrics, kernel vs reference: weighted sums of
+    n terms (`policy_loss_magnitudes`), chain 3 (per row, over rows, the normalization and the
+    elementwise ops); far below a wrong formula's change (the size of the terms)."""
+    n, magnitudes = policy_loss_magnitudes(x, beta, entropy_coef, **clip)
+    return {k: f32_tolerance(n, m, chain=3) for k, m in magnitudes.items()}
+
+
+def logprobs_tolerances(hidden, w, temperature, want) -> list:
+    """`f32_tolerance`s of (logp, entropy, d hidden, d unembedding) of log-probs from
+    hidden [B, L, D] and an unembedding w [D, V] at `temperature`, computed in two orders;
+    want: the reference's four arrays (their largest entries scale the gradients' bounds).
+
+    Logits: a length-D dot product whose terms sum to at most abs_matmul_magnitude(h, W) / T
+    (a soft-cap only shrinks them), then the length-V log-softmax (the log of a sum of
+    positive terms, off by gamma_V absolute): chain 2, n = max(D, V).
+    The entropy moves by at most log V times that. The gradients run those reductions again,
+    transposed, and dW sums over the B * L rows: chain 4, n = max(D, V, B * L), norm-wise
+    relative to the largest entry (x (1 + 2 logit terms): a logit error scales p).
+    """
+    batch, length, dim = hidden.shape
+    vocab = w.shape[1]
+    terms = abs_matmul_magnitude(np.asarray(hidden, np.float32).reshape(-1, dim),
+                                 np.asarray(w, np.float32)) / temperature
+    logp = f32_tolerance(max(dim, vocab), terms + 1.0, chain=2)  # + 1: log of the sum
+    n_grad = max(dim, vocab, batch * length)
+    grads = [f32_tolerance(n_grad, float(np.abs(np.asarray(g, np.float64)).max())
+                           * (1.0 + 2.0 * terms), chain=4) for g in want[2:]]
+    return [logp, logp * max(1.0, float(np.log(vocab))), *grads]

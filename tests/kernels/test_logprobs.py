@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from numerics import abs_matmul_magnitude, decoder_tolerance, f32_tolerance
+from numerics import decoder_tolerance, logprobs_tolerances
 
 from jaxrl_reason import models, sharding as shd
 from jaxrl_reason.kernels import logprobs as lp
@@ -37,27 +37,6 @@ def _values_and_grads(fn, hidden, w, targets, cotangents):
     return run(hidden, w, targets, cotangents)
 
 
-def _f32_atols(hidden, w, temperature, want):
-    """float32 bounds (tests/numerics.py) of the four outputs of `_values_and_grads`.
-
-    Logits: a length-D dot product whose terms sum to at most abs_matmul_magnitude(h, W) / T
-    (a soft-cap only shrinks them), then the length-V log-softmax (the log of a sum of
-    positive terms, off by gamma_V absolute): chain 2, n = max(D, V).
-    The entropy moves by at most log V times that. The gradients run those reductions again,
-    transposed, and dW sums over the B * L rows: chain 4, n = max(D, V, B * L), norm-wise
-    relative to the largest entry (x (1 + 2 logit terms): a logit error scales p).
-    """
-    batch, length, dim = hidden.shape
-    vocab = w.shape[1]
-    terms = abs_matmul_magnitude(np.asarray(hidden, np.float32).reshape(-1, dim),
-                                 np.asarray(w, np.float32)) / temperature
-    logp = f32_tolerance(max(dim, vocab), terms + 1.0, chain=2)  # + 1: log of the sum
-    n_grad = max(dim, vocab, batch * length)
-    grads = [f32_tolerance(n_grad, float(np.abs(np.asarray(g, np.float64)).max())
-                           * (1.0 + 2.0 * terms), chain=4) for g in want[2:]]
-    return [logp, logp * max(1.0, float(np.log(vocab))), *grads]
-
-
 def _assert_close(got, want, atols):
     """Each array within its atol."""
     for name, a, b, atol in zip(("logp", "entropy", "d_hidden", "d_unembedding"), got, want,
@@ -69,8 +48,8 @@ def _assert_close(got, want, atols):
 
 def _check(impl_fn, shape, *, temperature=1.0, softcap=None, with_entropy=True,
            dtype=jnp.float32, w_dtype=None, rel=None, seed=0):
-    """rel=None: float32 inputs, the float32 bound of `_f32_atols`; else (bf16 inputs, whose
-    rounding is not float32's) each output within rel * its largest reference entry."""
+    """rel=None: float32 inputs, within the float32 bound of tests/numerics.py; else (bf16
+    inputs, whose rounding is not float32's) within rel * the largest reference entry."""
     hidden, w, targets, cotangents = _inputs(seed, *shape, dtype=dtype, w_dtype=w_dtype)
     got = _values_and_grads(
         lambda h, u, y: impl_fn(h, u, y, temperature=temperature, softcap=softcap,
@@ -82,7 +61,7 @@ def _check(impl_fn, shape, *, temperature=1.0, softcap=None, with_entropy=True,
 
     want = _values_and_grads(reference, hidden, w, targets, cotangents)
     if rel is None:
-        atols = _f32_atols(hidden, w, temperature, want)
+        atols = logprobs_tolerances(hidden, w, temperature, want)
     else:
         atols = [rel * float(np.abs(np.asarray(b, np.float32)).max()) for b in want]
     _assert_close(got, want, atols)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 
-from numerics import f32_tolerance
+from numerics import f32_tolerance, policy_loss_magnitudes, policy_loss_tolerances
 
 from jaxrl_reason.kernels.policy_loss import SUPPORTS, BlockSizes, policy_loss
 from jaxrl_reason.rl import backends
@@ -71,45 +71,6 @@ def _run(fn, x, beta, entropy_coef, **kw):
     return loss, metrics, grads
 
 
-def _token_terms(x, beta=0.05, entropy_coef=0.01, *, epsilon_high=0.28, clip_ratio_c=None):
-    """(n, magnitudes): the token count B * L and, per output ("loss", "pg_loss", each
-    metric, "default" for the rest), an upper bound of |term| over the masked tokens, in
-    float64: every aggregation weighs the tokens by weights summing to at most 1 (a metric
-    is a mean), so that is the magnitude (sum of |weight * term|) of the weighted sum.
-
-    pg term: (1 + epsilon_high) * A where A > 0; max(ratio, 1) * |A| where A < 0, capped
-    at clip_ratio_c * |A| with the dual clip (ratio = exp(logp - old_logp)). The loss adds
-    beta * kl + entropy_coef * entropy, every KL estimator below exp|d| + |d| + d^2 / 2 + 1
-    (d = ref_logp - logp). The clip fractions count tokens (terms 0 or 1).
-    """
-    mask = np.asarray(x["mask"])
-    f64 = lambda k: np.where(mask, np.asarray(x[k], np.float64), 0.0)  # noqa: E731
-    ratio = np.where(mask, np.exp(f64("logp") - f64("old_logp")), 0.0)
-    adv = np.broadcast_to(np.asarray(x["advantages"], np.float64).reshape(
-        mask.shape[0], -1), mask.shape)
-    neg = np.maximum(ratio, 1.0) if clip_ratio_c is None else np.clip(ratio, 1.0, clip_ratio_c)
-    pg = np.where(mask, np.abs(adv) * np.where(adv > 0, 1.0 + epsilon_high, neg), 0.0)
-    kl = ent = 0.0
-    if x["ref_logp"] is not None:
-        d = np.abs(f64("ref_logp") - f64("logp"))
-        kl = float(np.where(mask, np.exp(d) + d + d * d / 2 + 1, 0.0).max(initial=0.0))
-    if x["entropy"] is not None:
-        ent = float(np.abs(f64("entropy")).max(initial=0.0))
-    pg, ratio = float(pg.max(initial=0.0)), float(ratio.max(initial=1.0))
-    loss = pg + abs(float(beta)) * kl + entropy_coef * ent
-    return mask.size, {"loss": loss, "pg_loss": pg, "ratio_mean": ratio, "ratio_max": ratio,
-                       "kl": kl, "entropy": ent, "clip_frac_low": 1.0, "clip_frac_high": 1.0,
-                       "clip_frac_dual": 1.0, "default": max(loss, ratio, kl, ent)}
-
-
-def _value_atols(x, beta=0.05, entropy_coef=0.01, **clip):
-    """{output: float32 bound} of the loss and metrics, kernel vs reference: weighted sums of
-    n terms (`_token_terms`), chain 3 (per row, over rows, the normalization and the
-    elementwise ops); far below a wrong formula's change (the size of the terms)."""
-    n, magnitudes = _token_terms(x, beta, entropy_coef, **clip)
-    return {k: f32_tolerance(n, m, chain=3) for k, m in magnitudes.items()}
-
-
 def _assert_matches(x, *, beta=0.05, entropy_coef=0.01, grad_rtol=None,
                     kernel_options=(("block_sizes", SMALL), ("interpret", True)), **kw):
     """Kernel (with ``kernel_options`` added) vs reference on ``x``; returns the kernel's.
@@ -122,8 +83,8 @@ def _assert_matches(x, *, beta=0.05, entropy_coef=0.01, grad_rtol=None,
                                 **kw)
     ref_loss, ref_metrics, ref_grads = _run(policy_loss_reference, x, beta, entropy_coef, **kw)
     clip = {k: kw[k] for k in ("epsilon_high", "clip_ratio_c") if k in kw}
-    n, magnitudes = _token_terms(x, beta, entropy_coef, **clip)
-    atols = _value_atols(x, beta, entropy_coef, **clip)
+    n, magnitudes = policy_loss_magnitudes(x, beta, entropy_coef, **clip)
+    atols = policy_loss_tolerances(x, beta, entropy_coef, **clip)
     assert loss.dtype == jnp.float32 and loss.shape == ()
     assert set(metrics) == set(ref_metrics)
     np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=atols["loss"])
@@ -233,10 +194,11 @@ def test_under_jit_with_traced_scalars():
         lp, x["old_logp"], x["advantages"], x["mask"], loss_type="dapo", beta=args[1],
         ref_logp=x["ref_logp"], num_sequences=args[2], num_tokens_global=args[3], **EPS),
         has_aux=True)(x["logp"])
-    # Kernel vs reference over 6 x 100 tokens (`_token_terms`): values, and the per-token
+    # Kernel vs reference over 6 x 100 tokens (tests/numerics.py): values, and the per-token
     # gradient norm-wise.
     n = x["mask"].size
-    np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=_value_atols(x, beta=0.1)["loss"])
+    np.testing.assert_allclose(loss, ref_loss, rtol=0,
+                               atol=policy_loss_tolerances(x, beta=0.1)["loss"])
     np.testing.assert_allclose(grad, ref_grad, rtol=0, atol=f32_tolerance(
         n, float(np.abs(np.asarray(ref_grad, np.float64)).max()), chain=3))
 
@@ -252,9 +214,9 @@ def test_backends_fall_back_for_unfused_modes(mode):
     ref_loss, ref_metrics = policy_loss_reference(
         x["logp"], x["old_logp"], x["advantages"], x["mask"], **common)
     assert set(metrics) == set(ref_metrics)
-    if reason is None:  # the kernel: other orders over 4 x 20 tokens (`_value_atols`)
-        np.testing.assert_allclose(loss, ref_loss, rtol=0,
-                                   atol=_value_atols(x, beta=0.0, entropy_coef=0.0)["loss"])
+    if reason is None:  # the kernel: other orders over 4 x 20 tokens (tests/numerics.py)
+        atol = policy_loss_tolerances(x, beta=0.0, entropy_coef=0.0)["loss"]
+        np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=atol)
     else:
         assert float(loss) == float(ref_loss)
 
@@ -339,9 +301,9 @@ def test_sampler_logp_without_a_cap_keeps_the_kernel_and_adds_the_mismatch_metri
                                          backend="pallas", **common)
     ref_loss, ref_metrics = policy_loss_reference(x["logp"], x["old_logp"], x["advantages"],
                                                   x["mask"], **common)
-    # Kernel vs reference over 4 x 20 tokens (`_value_atols`); the sampler's log-probs are
+    # Kernel vs reference over 4 x 20 tokens (tests/numerics.py); the sampler's log-probs are
     # within 0.05 of old_logp, so its KL and TIS terms are below the ratio terms.
-    atols = _value_atols(x, beta=0.0, entropy_coef=0.0)
+    atols = policy_loss_tolerances(x, beta=0.0, entropy_coef=0.0)
     np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=atols["loss"])
     assert set(metrics) == set(ref_metrics)
     for key in ("sampler_kl", "tis_weight_mean", "tis_clip_frac"):
