@@ -4,6 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from numerics import abs_matmul_magnitude, f32_tolerance
+
 from jaxrl_reason import sharding as shd
 from jaxrl_reason.kernels import platform
 
@@ -29,5 +31,8 @@ def test_dense_options_change_the_compiled_dots_not_the_values():
     dense = jax.jit(f, compiler_options=platform.compiler_options("dense")).lower(x, w).compile()
     assert "__ynn_fusion" in default.as_text()
     assert "__ynn_fusion" not in dense.as_text()
+    # Other dot kernels, other orders: length-64 dots with terms summing to
+    # abs_matmul_magnitude(x, w) (~70), then tanh (|slope| <= 1, its own rounding): chain 2.
+    atol = f32_tolerance(64, abs_matmul_magnitude(x, w), chain=2)
     np.testing.assert_allclose(np.asarray(dense(x, w)), np.asarray(default(x, w)),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=0, atol=atol)
