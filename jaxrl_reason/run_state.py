@@ -240,7 +240,9 @@ def _lora_base_params(source: dict, model_cfg: ModelConfig, mesh, rules):
                                      compute_dtype=plain.dtype,
                                      scan_layers=plain.scan_layers)[1]
     if source["kind"] == "checkpoint":
-        return to_layout(plain, load_params(source["path"], mesh, rules)[0])
+        # an SFT phase that trained adapters too: its base, without them
+        return to_layout(plain, lora_lib.without_adapters(
+            load_params(source["path"], mesh, rules)[0]))
     if source["kind"] == "init":
         return init_params(plain, jax.random.key(source["seed"]), mesh, rules)
     raise ValueError(f"unknown LoRA base source {source!r} in checkpoint metadata")

@@ -113,3 +113,21 @@ def test_rl_options_lora_cannot_do_are_refused(override, message, tmp_path):
     rl[key.split(".")[-1]] = int(value) if value.isdigit() else value
     with pytest.raises(ValueError, match=message):
         lora_params.check_rl_config(cfg, rl)
+
+
+def test_sft_with_adapters_then_rl_continues_them(tmp_path):
+    """sft.lora: SFT trains adapters too (on the seed's random base here); RL continues the
+    same adapters; both phases' checkpoints load back as base + adapters."""
+    workdir = _train(tmp_path / "sft_lora", "--config.sft.lora=True", "--config.rl.steps=2")
+    mesh = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    sft_dir, rl_dir = (phase_dir(str(workdir), p) for p in ("sft", "rl"))
+    with Checkpointer(sft_dir) as ckpt:
+        assert ckpt.metadata()["lora_base"]["kind"] == "init"
+    sft_params, cfg, _, _ = load_params(sft_dir, mesh, shd.DEFAULT_RULES)
+    rl_params, _, _, _ = load_params(rl_dir, mesh, shd.DEFAULT_RULES)
+    sft_adapters, sft_base = lora_lib.split_adapters(sft_params)
+    rl_adapters, rl_base = lora_lib.split_adapters(rl_params)
+    for x, y in zip(jax.tree.leaves(sft_base), jax.tree.leaves(rl_base)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # one frozen base
+    b = sft_adapters["layer_0"]["attn"]["q_proj"]["lora_b"]
+    assert float(np.abs(np.asarray(b)).max()) > 0  # SFT trained the adapters
