@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numerics import f32_tolerance
+
 from jaxrl_reason.rl.losses import policy_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -81,7 +83,9 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
               num_tokens_global=None, num_sequences=None, entropy_coef=0.0, use_ref=True,
               use_entropy=True, policy_loss_mode="ppo", clip_ratio_c=None, use_sampler=False,
               tis_cap=None, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH):
-    """Loss, metrics, d loss / d logp and d loss / d entropy, one token at a time (float64)."""
+    """Loss, metrics, d loss / d logp, d loss / d entropy, one token at a time (float64), and
+    the magnitudes for `assert_matches`' float32 bound: {"n": B * L, "loss", "pg_loss":
+    sum of |weight * term| over the terms, "kl": mean |kl|}."""
     logp, old, adv, mask, ref, ent = (np.asarray(batch[k], np.float64) for k in
                                       ("logp", "old_logp", "advantages", "mask", "ref_logp",
                                        "entropy"))
@@ -91,7 +95,8 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
     pg = np.zeros((b_size, length))
     dtok = np.zeros((b_size, length))
     counts = dict(low=0, high=0, dual=0, n=0, ratio=0.0, kl=0.0, ent=0.0, skl=0.0, w=0.0,
-                  capped=0)
+                  capped=0, abs_kl=0.0)
+    tok_abs = np.zeros((b_size, length))  # |pg| + beta |kl| + entropy_coef |entropy|
     ratio_max, seqs = 0.0, []
     for b in range(b_size):
         a = adv[b]
@@ -114,13 +119,17 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
                     dtok[b, t] *= w
                 counts["w"] += w
             tok[b, t] = pg[b, t]
+            tok_abs[b, t] = abs(pg[b, t])
             if use_ref:
                 kl, dkl = ref_kl(kl_estimator, logp[b, t], ref[b, t])
                 tok[b, t] += beta * kl
+                tok_abs[b, t] += abs(beta * kl)
                 dtok[b, t] += beta * dkl
                 counts["kl"] += kl
+                counts["abs_kl"] += abs(kl)
             if use_entropy:
                 tok[b, t] -= entropy_coef * ent[b, t]
+                tok_abs[b, t] += abs(entropy_coef * ent[b, t])
                 counts["ent"] += ent[b, t]
             if policy_loss_mode == "ppo":
                 counts["low"] += r < 1 - epsilon_low and a < 0
@@ -159,8 +168,10 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
     if use_sampler:
         metrics.update(sampler_kl=counts["skl"] / n, tis_weight_mean=counts["w"] / n,
                        tis_clip_frac=counts["capped"] / n)
+    magnitudes = {"n": b_size * length, "loss": float(np.sum(np.abs(weights) * tok_abs)),
+                  "pg_loss": float(np.sum(np.abs(weights * pg))), "kl": counts["abs_kl"] / n}
     return (float(np.sum(weights * tok)), metrics, weights * dtok,
-            -entropy_coef * weights if use_entropy else None)
+            -entropy_coef * weights if use_entropy else None, magnitudes)
 
 
 def make_batch(seed=0, b_size=5, length=7):
@@ -194,13 +205,24 @@ def run(batch, loss_type, **kw):
 
 
 def assert_matches(got, want):
+    """float32 `run` output vs the float64 `reference` (orders=1): every value is a weighted
+    sum of n = B * L token terms (chain 3: elementwise exp/clip ops, the row sums, the
+    normalization); its magnitude is the sum of |weight * term| (`reference`'s magnitudes;
+    a mean of terms of one sign, as most metrics are, is its own magnitude). The gradients
+    are elementwise but for the normalizers and GSPO's row mean: norm-wise, relative to
+    their largest entry."""
     loss, metrics, (g_logp, g_ent) = got
-    w_loss, w_metrics, w_logp, w_ent = want
-    np.testing.assert_allclose(loss, w_loss, rtol=1e-5, atol=1e-6)
+    w_loss, w_metrics, w_logp, w_ent, mags = want
+
+    def atol(magnitude):
+        return f32_tolerance(mags["n"], magnitude, chain=3, orders=1)
+
+    np.testing.assert_allclose(loss, w_loss, rtol=0, atol=atol(mags["loss"]))
     assert set(metrics) == set(w_metrics) and set(METRICS) <= set(metrics)
     for name in w_metrics:
         assert metrics[name].shape == () and metrics[name].dtype == jnp.float32, name
-        np.testing.assert_allclose(metrics[name], w_metrics[name], rtol=1e-5, atol=1e-6,
+        np.testing.assert_allclose(metrics[name], w_metrics[name], rtol=0,
+                                   atol=atol(mags.get(name, abs(w_metrics[name]))),
                                    err_msg=name)
-    np.testing.assert_allclose(g_logp, w_logp, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(g_ent, w_ent, rtol=1e-5, atol=1e-7)
+    for g, w in ((g_logp, w_logp), (g_ent, w_ent)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=atol(float(np.abs(w).max())))

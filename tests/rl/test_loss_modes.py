@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from numerics import f32_tolerance
+
 from jaxrl_reason.rl.losses import LOSS_AGGREGATIONS, POLICY_LOSS_MODES, policy_loss
 from loss_reference import (EPS_HIGH, EPS_LOW, assert_matches, make_batch, ref_agg_weights,
                             reference, run)
@@ -34,6 +36,15 @@ def wide_batch(seed, **kw):
                                                             - batch["logp"][3])
     batch["advantages"][3] = -abs(batch["advantages"][3]) - 0.1
     return batch
+
+
+def _atol(batch, loss_type, *, orders=2, values=(), **kw):
+    """float32 bound of a loss over batch's n = B * L tokens (as loss_reference.assert_matches:
+    chain 3, magnitude the float64 reference's sum of |weight * term|, or any larger |value|
+    in `values`, e.g. a metric's)."""
+    mags = reference(batch, loss_type, **kw)[4]
+    magnitude = max([mags["loss"], *(abs(float(v)) for v in values)])
+    return f32_tolerance(batch["mask"].size, magnitude, chain=3, orders=orders)
 
 
 def check(batch, loss_type, *, use_sampler=False, **kw):
@@ -98,8 +109,11 @@ def test_dual_clip_known_values():
     (loss, metrics), grad = jax.value_and_grad(
         lambda lp: fn(lp, old, adv, np.ones((4, 1), bool)), has_aux=True)(jnp.asarray(logp))
     # min(max(4, 1.2), 3) = 3 (dual); max(2, 1.2) = 2; -min(4, 1.2) = -1.2; max(0.5, 0.8) = 0.8.
-    np.testing.assert_allclose(loss, (3.0 + 2.0 - 1.2 + 0.8) / 4, rtol=1e-6)
-    np.testing.assert_allclose(grad[:, 0], np.array([0.0, 2.0, 0.0, 0.0]) / 4, atol=1e-7)
+    # vs exact values: 4 terms, magnitude (3 + 2 + 1.2 + 0.8) / 4; the ratios rounded.
+    np.testing.assert_allclose(loss, (3.0 + 2.0 - 1.2 + 0.8) / 4, rtol=0,
+                               atol=f32_tolerance(4, 7.0 / 4, chain=3, orders=1))
+    np.testing.assert_allclose(grad[:, 0], np.array([0.0, 2.0, 0.0, 0.0]) / 4, rtol=0,
+                               atol=f32_tolerance(4, 2.0 / 4, chain=3, orders=1))
     np.testing.assert_allclose(metrics["clip_frac_dual"], 0.25)
     np.testing.assert_allclose(metrics["clip_frac_low"], 0.25)
     np.testing.assert_allclose(metrics["clip_frac_high"], 0.25)
@@ -137,8 +151,12 @@ def test_gspo_token_gradient_is_the_sequence_gradient(loss_type):
     want_grad = _fd_grad(lambda lp: gspo_sequence_loss(lp, batch, loss_type), lp64)
     loss, _, (grad, _) = run(batch, loss_type, policy_loss_mode="gspo",
                              max_completion_length=9)
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
+    # vs float64 (finite differences of step 1e-6: truncation ~1e-12, far below): the loss
+    # over 4 * 5 tokens, the gradient norm-wise (GSPO's row means: length 5).
+    np.testing.assert_allclose(loss, want_loss, rtol=0, atol=_atol(
+        batch, loss_type, orders=1, policy_loss_mode="gspo", max_completion_length=9))
+    np.testing.assert_allclose(grad, want_grad, rtol=0, atol=f32_tolerance(
+        batch["mask"].size, float(np.abs(want_grad).max()), chain=3, orders=1))
     assert np.count_nonzero(want_grad) > 0
 
 
@@ -154,7 +172,9 @@ def test_gradient_matches_finite_difference_of_the_reference(mode):
         return reference(dict(batch, logp=lp), "grpo", use_sampler=True, **kw)[0]
     want = _fd_grad(value, batch["logp"].astype(np.float64))
     _, _, (grad, _) = run(batch, "grpo", sampler_logp=batch["sampler_logp"], **kw)
-    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
+    # vs float64, norm-wise over 4 * 5 tokens (finite-difference truncation ~1e-12).
+    np.testing.assert_allclose(grad, want, rtol=0, atol=f32_tolerance(
+        batch["mask"].size, float(np.abs(want).max()), chain=3, orders=1))
 
 
 def test_single_token_gspo_equals_ppo():
@@ -163,8 +183,10 @@ def test_single_token_gspo_equals_ppo():
     kw = dict(clip_ratio_c=CLIP_C, max_completion_length=1)
     ppo = run(batch, "grpo", **kw)
     gspo = run(batch, "grpo", policy_loss_mode="gspo", **kw)
+    # Two programs (GSPO's row mean of one token): 6 tokens, values up to the ratios.
+    atol = _atol(batch, "grpo", values=ppo[1].values(), **kw)
     for a, b in zip(jax.tree.leaves(ppo), jax.tree.leaves(gspo)):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
 def test_cispo_keeps_every_token_gradient():
@@ -182,18 +204,24 @@ def test_tis_is_the_identity_without_mismatch():
     plain = run(batch, "dapo", beta=0.1)
     same = run(batch, "dapo", beta=0.1, sampler_logp=batch["old_logp"], tis_cap=2.0)
     metric_only = run(batch, "dapo", beta=0.1, sampler_logp=batch["sampler_logp"])
+    # Other programs over 5 * 7 tokens: the loss's bound; the gradients norm-wise.
+    atol = _atol(batch, "dapo", beta=0.1)
     for got in (same, metric_only):
-        np.testing.assert_allclose(got[0], plain[0], rtol=1e-6)
+        np.testing.assert_allclose(got[0], plain[0], rtol=0, atol=atol)
         for a, b in zip(got[2], plain[2]):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(same[1]["sampler_kl"], 0.0, atol=1e-7)
-    np.testing.assert_allclose(same[1]["tis_weight_mean"], 1.0, rtol=1e-6)
+            np.testing.assert_allclose(a, b, rtol=0, atol=f32_tolerance(
+                batch["mask"].size, float(np.abs(np.asarray(b)).max()), chain=3))
+    n = batch["mask"].size
+    np.testing.assert_allclose(same[1]["sampler_kl"], 0.0, atol=f32_tolerance(n, 1.0, orders=1))
+    np.testing.assert_allclose(same[1]["tis_weight_mean"], 1.0, rtol=0,
+                               atol=f32_tolerance(n, 1.0, chain=2, orders=1))
     assert same[1]["tis_clip_frac"] == 0.0 and metric_only[1]["tis_clip_frac"] == 0.0
     mask = batch["mask"]
     d = (batch["old_logp"] - batch["sampler_logp"])[mask].astype(np.float64)
-    np.testing.assert_allclose(metric_only[1]["tis_weight_mean"], np.mean(np.exp(d)), rtol=1e-5)
-    np.testing.assert_allclose(metric_only[1]["sampler_kl"], np.mean(np.exp(d) - d - 1),
-                               rtol=1e-5)
+    # Means of positive terms vs float64 (orders=1): their own magnitude, chain exp + sum.
+    for key, terms in (("tis_weight_mean", np.exp(d)), ("sampler_kl", np.exp(d) - d - 1)):
+        np.testing.assert_allclose(metric_only[1][key], np.mean(terms), rtol=0, atol=f32_tolerance(
+            n, float(np.mean(np.exp(d) + np.abs(d) + 1)), chain=2, orders=1))
 
 
 @pytest.mark.parametrize("mode", sorted(POLICY_LOSS_MODES))
@@ -207,9 +235,13 @@ def test_skipping_zero_advantage_rows_keeps_the_loss(mode):
         whole = run(batch, loss_type, sampler_logp=batch["sampler_logp"], **kw)
         part = {k: v[keep] for k, v in batch.items()}
         sub = run(part, loss_type, sampler_logp=part["sampler_logp"], **kw)
-        np.testing.assert_allclose(sub[0], whole[0], rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(sub[2][0], np.asarray(whole[2][0])[keep], rtol=1e-5,
-                                   atol=1e-8)
+        # Fewer rows, other orders: the loss's bound over the whole 6 * 7 tokens; the
+        # gradient norm-wise.
+        atol = _atol(batch, loss_type, use_sampler=True, **kw)
+        np.testing.assert_allclose(sub[0], whole[0], rtol=0, atol=atol)
+        want = np.asarray(whole[2][0])[keep]
+        np.testing.assert_allclose(sub[2][0], want, rtol=0, atol=f32_tolerance(
+            batch["mask"].size, float(np.abs(want).max()), chain=3))
 
 
 @pytest.mark.parametrize("mode", sorted(POLICY_LOSS_MODES))
@@ -244,8 +276,13 @@ def test_modes_jit_matches_eager(mode):
                            num_tokens_global=n_tokens, **static)
     args = (batch["logp"], batch["old_logp"], batch["advantages"],
             batch["mask"].astype(np.float32), batch["sampler_logp"], np.int32(31))
-    for a, b in zip(jax.tree.leaves(f(*args)), jax.tree.leaves(jax.jit(f)(*args))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    eager = f(*args)
+    # XLA fuses and reorders: the float32 bound over 5 * 7 tokens, values up to the metrics'.
+    ref_kw = {k: v for k, v in static.items() if k != "loss_type"}
+    atol = _atol(batch, "dapo", values=eager[1].values(), use_sampler=True, use_ref=False,
+                 use_entropy=False, num_tokens_global=31, **ref_kw)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jax.jit(f)(*args))):
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
 def test_entropy_bonus_value_and_gradient():
@@ -256,7 +293,14 @@ def test_entropy_bonus_value_and_gradient():
         loss, metrics, (_, g_ent) = run(batch, loss_type, max_completion_length=7,
                                         entropy_coef=0.05)
         weights = ref_agg_weights(mask, loss_type)
+        # Two float32 losses, each within its bound of the exact value (5 * 7 tokens).
+        atol = _atol(batch, loss_type, max_completion_length=7, entropy_coef=0.05,
+                     use_ref=False)
         np.testing.assert_allclose(loss - base, -0.05 * np.sum(weights * batch["entropy"]),
-                                   rtol=1e-4, atol=1e-7)
-        np.testing.assert_allclose(g_ent, -0.05 * weights, rtol=1e-5, atol=1e-8)
-        np.testing.assert_allclose(metrics["entropy"], batch["entropy"][mask].mean(), rtol=1e-5)
+                                   rtol=0, atol=atol)
+        # Elementwise: 0.05 over a token count, two roundings.
+        np.testing.assert_allclose(g_ent, -0.05 * weights, rtol=0,
+                                   atol=f32_tolerance(1, 0.05 * float(weights.max()), chain=2))
+        # vs numpy's float32 mean: two orders over 5 * 7 terms in [0, 2].
+        np.testing.assert_allclose(metrics["entropy"], batch["entropy"][mask].mean(), rtol=0,
+                                   atol=f32_tolerance(mask.size, 2.0, chain=2))

@@ -16,6 +16,8 @@ from jaxrl_reason.rl.losses import (
     kl_reward_penalty,
     policy_loss,
 )
+from numerics import f32_tolerance
+
 from loss_reference import EPS_HIGH, EPS_LOW, assert_matches, make_batch, ref_kl, reference, run
 
 
@@ -40,19 +42,27 @@ def test_without_kl_and_entropy(loss_type):
     loss, metrics = policy_loss(batch["logp"], batch["old_logp"], batch["advantages"],
                                 batch["mask"], loss_type=loss_type, epsilon_low=EPS_LOW,
                                 epsilon_high=EPS_HIGH, max_completion_length=7)
-    want_loss = reference(batch, loss_type, max_completion_length=7, use_ref=False,
-                          use_entropy=False)[0]
-    want_kl = reference(batch, loss_type, max_completion_length=7, use_entropy=False)[1]["kl"]
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(metrics["pg_loss"], loss, rtol=1e-6)
+    want_loss, _, _, _, mags = reference(batch, loss_type, max_completion_length=7,
+                                         use_ref=False, use_entropy=False)
+    want = reference(batch, loss_type, max_completion_length=7, use_entropy=False)
+    want_kl, kl_terms = want[1]["kl"], want[4]["kl"]
+    # vs float64: weighted sums of n = 5 * 7 token terms (loss_reference.assert_matches).
+    n = batch["mask"].size
+    np.testing.assert_allclose(loss, want_loss, rtol=0,
+                               atol=f32_tolerance(n, mags["loss"], chain=3, orders=1))
+    # The same terms, summed by two float32 expressions.
+    np.testing.assert_allclose(metrics["pg_loss"], loss, rtol=0,
+                               atol=f32_tolerance(n, mags["loss"], chain=3))
     assert metrics["kl"] == 0.0 and metrics["entropy"] == 0.0
     # ref_logp with beta=0: the KL is reported but does not enter the loss.
     loss_ref, metrics_ref = policy_loss(
         batch["logp"], batch["old_logp"], batch["advantages"], batch["mask"],
         loss_type=loss_type, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
         max_completion_length=7, ref_logp=batch["ref_logp"])
-    np.testing.assert_allclose(loss_ref, loss, rtol=1e-6)
-    np.testing.assert_allclose(metrics_ref["kl"], want_kl, rtol=1e-5)
+    np.testing.assert_allclose(loss_ref, loss, rtol=0,
+                               atol=f32_tolerance(n, mags["loss"], chain=3))
+    np.testing.assert_allclose(metrics_ref["kl"], want_kl, rtol=0,
+                               atol=f32_tolerance(n, kl_terms, chain=3, orders=1))
     assert want_kl > 0
 
 
@@ -67,12 +77,17 @@ def test_clipping_both_directions():
         lambda lp: fn(lp, old, adv, mask), has_aux=True)(jnp.asarray(logp))
     # per token: -min(2, 1.3) = -1.3 (clipped), -min(-2, -1.3) = 2, -min(-0.5, -0.8) = 0.8
     # (clipped), -min(0.5, 0.8) = -0.5.
-    np.testing.assert_allclose(loss, (-1.3 + 2.0 + 0.8 - 0.5) / 4, rtol=1e-6)
-    np.testing.assert_allclose(grad[:, 0], np.array([0.0, 2.0, 0.0, -0.5]) / 4, rtol=1e-6)
+    # vs exact values: 4 terms of |term| <= 2 (magnitude 4.6 / 4), the ratios rounded.
+    np.testing.assert_allclose(loss, (-1.3 + 2.0 + 0.8 - 0.5) / 4, rtol=0,
+                               atol=f32_tolerance(4, 4.6 / 4, chain=3, orders=1))
+    np.testing.assert_allclose(grad[:, 0], np.array([0.0, 2.0, 0.0, -0.5]) / 4, rtol=0,
+                               atol=f32_tolerance(4, 2.0 / 4, chain=3, orders=1))
     np.testing.assert_allclose(metrics["clip_frac_high"], 0.25)
     np.testing.assert_allclose(metrics["clip_frac_low"], 0.25)
-    np.testing.assert_allclose(metrics["ratio_max"], 2.0, rtol=1e-6)
-    np.testing.assert_allclose(metrics["ratio_mean"], 1.25, rtol=1e-6)
+    np.testing.assert_allclose(metrics["ratio_max"], 2.0, rtol=0,
+                               atol=f32_tolerance(1, 2.0, chain=2, orders=1))  # exp(log 2)
+    np.testing.assert_allclose(metrics["ratio_mean"], 1.25, rtol=0,
+                               atol=f32_tolerance(4, 1.25, chain=3, orders=1))
 
 
 def test_aggregations_on_known_values():
@@ -103,8 +118,12 @@ def test_dapo_micro_batches_sum_to_global_token_mean():
                         **kw)[0]
     bnpo = policy_loss(batch["logp"], batch["old_logp"], batch["advantages"], batch["mask"],
                        **{**kw, "loss_type": "bnpo"})[0]
-    np.testing.assert_allclose(total, whole, rtol=1e-5)
-    np.testing.assert_allclose(whole, bnpo, rtol=1e-6)
+    # Three micro-batch sums vs one: other orders over n = 6 * 7 tokens (chain 3, as in
+    # loss_reference.assert_matches), terms of at most |ratio| |A| + beta kl.
+    mags = reference(batch, "bnpo", beta=0.05, use_entropy=False)[4]
+    atol = f32_tolerance(batch["mask"].size, mags["loss"], chain=3)
+    np.testing.assert_allclose(total, whole, rtol=0, atol=atol)
+    np.testing.assert_allclose(whole, bnpo, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("loss_type", sorted(LOSS_AGGREGATIONS))
@@ -168,8 +187,13 @@ def test_jit_matches_eager(loss_type):
             np.float32(0.1), np.float32(0.01), np.int32(31))
     eager = f(*args)
     jitted = jax.jit(f)(*args)
+    # XLA fuses and reorders: each output within the float32 bound of its n = 5 * 7 terms.
+    want = reference(batch, loss_type, beta=0.1, entropy_coef=0.01, max_completion_length=8,
+                     kl_estimator="k2", num_tokens_global=31)
+    atol = f32_tolerance(batch["mask"].size, max(want[4]["loss"], *map(abs, want[1].values())),
+                         chain=3)
     for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
 def test_bool_float_and_bf16_inputs_agree():
@@ -191,6 +215,7 @@ def test_kl_penalty(estimator):
     got = kl_penalty(batch["logp"], batch["ref_logp"], estimator=estimator)
     want = [[ref_kl(estimator, float(a), float(b))[0] for a, b in zip(ra, rb)]
             for ra, rb in zip(batch["logp"], batch["ref_logp"])]
+    # Elementwise (no reduction) against float64: a few roundings of each value.
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     same = kl_penalty(batch["logp"], batch["logp"], estimator=estimator)
     np.testing.assert_array_equal(same, 0.0)
@@ -247,13 +272,19 @@ def test_kl_reward_penalty(estimator):
     got = kl_reward_penalty(batch["old_logp"], batch["ref_logp"], mask, beta=0.3,
                             estimator=estimator)
     assert got.shape == (mask.shape[0],) and got.dtype == jnp.float32
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Row sums of L = 7 terms vs float64 (orders=1): magnitude 0.3 * sum |kl| per row, the
+    # chain the elementwise estimate and the sum.
+    terms = max(0.3 * sum(abs(ref_kl(estimator, float(a), float(r))[0])
+                          for a, r, m in zip(la, lr, lm) if m)
+                for la, lr, lm in zip(batch["old_logp"], batch["ref_logp"], mask))
+    atol = f32_tolerance(mask.shape[1], terms, chain=2, orders=1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
     assert got[1] == 0.0  # the empty row
     dirty_lp, dirty_ref = batch["old_logp"].copy(), batch["ref_logp"].copy()
     dirty_lp[~mask], dirty_ref[~mask] = -np.inf, np.nan
     jitted = jax.jit(functools.partial(kl_reward_penalty, estimator=estimator))
     np.testing.assert_allclose(jitted(dirty_lp, dirty_ref, mask.astype(np.float32),
-                                      beta=jnp.float32(0.3)), want, rtol=1e-5, atol=1e-6)
+                                      beta=jnp.float32(0.3)), want, rtol=0, atol=atol)
 
 
 def test_kl_reward_penalty_default_is_summed_k1():
@@ -305,7 +336,10 @@ def test_per_token_advantages_equal_broadcast_sequence_advantages():
         kw = dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.2, policy_loss_mode=mode)
         a, _ = policy_loss(logp, old, adv, mask, **kw)
         t, _ = policy_loss(logp, old, per_tok, mask, **kw)
-        np.testing.assert_allclose(np.asarray(a), np.asarray(t), rtol=1e-6)
+        # [B] vs [B, L] advantages: other programs, other orders over 3 * 6 tokens with terms
+        # of at most ratio (<= e^0.5) * |A| (<= 2).
+        np.testing.assert_allclose(np.asarray(a), np.asarray(t), rtol=0,
+                                   atol=f32_tolerance(18, 2.0 * np.e ** 0.5, chain=3))
         g = jax.grad(lambda x: policy_loss(x, old, per_tok, mask, **kw)[0])(logp)
         assert np.all(np.isfinite(np.asarray(g)))
     with pytest.raises(ValueError, match="gspo"):
