@@ -140,6 +140,8 @@ def lora_config(value: Any) -> LoraConfig | None:
     or doubly given keys."""
     if value is None or isinstance(value, LoraConfig):
         return value
+    if hasattr(value, "to_dict"):  # an ml_collections ConfigDict
+        value = value.to_dict()
     if not isinstance(value, Mapping):
         raise ValueError(f"model.lora must be a mapping or None, got {type(value).__name__}")
     if not value:

@@ -258,3 +258,19 @@ def test_peft_names_and_round_trip_through_a_dict():
     import dataclasses
     assert models.ModelConfig(**dataclasses.asdict(cfg)) == cfg
     assert hash(cfg) == hash(models.ModelConfig(**dataclasses.asdict(cfg)))
+
+
+def test_hf_model_takes_the_lora_block_as_a_knob():
+    """With hf_model the architecture comes from config.json and model.lora still applies."""
+    import os
+
+    import ml_collections
+
+    from jaxrl_reason.runtime import hf_model_config
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2")
+    config = ml_collections.ConfigDict({"hf_model": path, "model": {
+        "dtype": "float32", "lora": {"r": 2, "target_modules": ["q_proj", "v_proj"],
+                                     "base_quant": "nf4"}}})
+    cfg = hf_model_config(config, 0)
+    assert cfg.qkv_bias and cfg.lora == lora_lib.LoraConfig(
+        rank=2, targets=("q_proj", "v_proj"), base_quant="nf4")
