@@ -172,3 +172,32 @@ def test_config_knobs_are_validated_and_reach_the_sampler(tmp_path):
     config.rl.max_num_seqs, config.rl.refill_every = 6, 8
     assert any("do not split over the 4 data-parallel" in p and p.startswith("rl.max_num_seqs")
                for p in validate_config(config, 4))
+
+
+def test_long_tail_benchmark_accounting():
+    """benchmarks/sampler.py --workload long_tail on a small copy of the spec's workload:
+    every row reaches its length, occupancy and KV-cache bytes are consistent."""
+    import argparse
+    import copy
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import roofline
+    import sampler as bench
+
+    spec = roofline.load_spec()
+    if spec is None or not (roofline.SPEC_PATH.parent / "common.py").is_file():
+        pytest.skip("the anchors' spec.json and common.py are not on this machine")
+    spec = copy.deepcopy(spec)
+    spec["long_tail"].update(n_prompts=2, samples_per_prompt=4, rows=8, prompt_len=8,
+                             max_new_tokens=16, warmup_calls=0, timed_calls=1)
+    spec["long_tail"]["lengths"].update(median=5, min=2, max=16)
+    args = argparse.Namespace(spec_data=spec, cache_dtype=None, decode_stages=2, devices=1,
+                              slots=4, refill_every=2, sweep_refill_every=[1])
+    r = bench.long_tail("test", args)
+    lengths = bench.long_tail_lengths(spec)
+    assert r["useful_tokens"] == lengths.sum() and r["rows"] == 8
+    assert r["decode_steps"] * 4 >= lengths.sum() - 8
+    assert 0 < r["static_slot_occupancy"] <= r["slot_occupancy"] <= 1
+    assert r["kv_cache_bytes"] < r["static_kv_cache_bytes"]
+    assert r["refill_every_sweep"][0]["refill_every"] == 1
