@@ -40,7 +40,7 @@ from jaxrl_reason.runtime import hf_model_config, model_config
 from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn
 from jaxrl_reason.sampling.sampler import Sampler
 from jaxrl_reason.train_state import (TrainState, learning_rate_schedule, make_optimizer,
-                                      opt_state_shardings)
+                                      opt_state_shardings, trainable_params)
 
 GiB = 2**30
 PROGRAMS = ("sampler", "log-prob pass", "update")  # the programs of one RL step
@@ -298,9 +298,10 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     optimizer = make_optimizer(learning_rate_schedule(rl.learning_rate, rl.warmup_steps,
                                                       rl.steps, rl.lr_decay),
                                weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm)
+    trainable = trainable_params(params)  # LoRA: Adam state for the adapters only
     opt_state = jax.tree.map(lambda x, s: _sds(x.shape, x.dtype, s),
-                             jax.eval_shape(optimizer.init, params),
-                             opt_state_shardings(optimizer, params))
+                             jax.eval_shape(optimizer.init, trainable),
+                             opt_state_shardings(optimizer, trainable))
     state = TrainState(step=_sds((), jnp.int32, rep), params=params, opt_state=opt_state)
     batch = dict(zip(("prompt_tokens", "prompt_valid", "completion_tokens", "mask"), rollout))
     batch.update(advantages=_sds((n,), jnp.float32, batch_sharding(1)),
@@ -319,7 +320,9 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
 
     # What else lives on the chip while each program runs; the micro-batch loops' cost.
     # With rl.offload_optimizer / rl.offload_reference those wait in host memory instead.
-    opt_bytes, ref_bytes = _arg_bytes(opt_state), _arg_bytes(params) if rl.beta > 0 else 0.0
+    # LoRA's reference is the policy's own base: no second copy.
+    opt_bytes = _arg_bytes(opt_state)
+    ref_bytes = _arg_bytes(params) if rl.beta > 0 and cfg.lora is None else 0.0
     opt_out = 0.0 if rl.get("offload_optimizer", False) else opt_bytes
     ref_out = 0.0 if rl.get("offload_reference", False) else ref_bytes
     # During the reference pass the reference is the argument and the policy stays resident.

@@ -1,0 +1,40 @@
+"""`plan` with LoRA: the update's arguments hold Adam state for the adapters only, the
+frozen base shrinks with int8/nf4, and beta > 0 keeps no reference copy resident (needs
+libtpu, as tests/test_plan.py)."""
+import importlib.util
+import os
+
+import pytest
+
+from jaxrl_reason.cli import parse
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROGRAMS = ("log-prob pass", "update")
+
+
+def _plan(name, *flags):
+    from jaxrl_reason import plan as planner
+    _, fv = parse(["jaxrl-reason", "plan", "--config",
+                   os.path.join(REPO, "configs", f"{name}.py"), "--topology", "v5e:2x4",
+                   "--config.rl.beta=0.04", *flags])
+    report = planner.plan(fv.config, "v5e:2x4", programs=PROGRAMS)
+    return {p.name: p for p in report["programs"]}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install 'jaxrl-reason[tpu]')")
+def test_lora_plan_has_adapter_optimizer_state_and_no_reference_copy():
+    full = _plan("arith_grpo")
+    lora = _plan("arith_grpo_lora")
+    int8 = _plan("arith_grpo_lora", "--config.model.lora.base_quant=int8")
+    nf4 = _plan("arith_grpo_lora", "--config.model.lora.base_quant=nf4")
+    # params + Adam moments of every weight vs params + the adapters' moments
+    assert lora["update"].argument_bytes < 0.6 * full["update"].argument_bytes
+    assert nf4["update"].argument_bytes < int8["update"].argument_bytes \
+        < lora["update"].argument_bytes
+    # full fine-tuning keeps a reference copy resident during the log-prob pass; LoRA's
+    # reference is its own base (only the adapters' Adam state stays resident)
+    assert full["log-prob pass"].resident_bytes > 0.5 * full["log-prob pass"].argument_bytes
+    assert lora["log-prob pass"].resident_bytes < 0.2 * lora["log-prob pass"].argument_bytes
+    assert lora["update"].resident_bytes == 0
