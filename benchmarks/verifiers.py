@@ -1,6 +1,6 @@
 r"""Throughput and latency of the `correctness` verifier inside `RewardPool`.
 
-    python benchmarks/verifiers.py                      # ~2-3 min on 2 cores
+    python benchmarks/verifiers.py                      # ~5-8 min on 2 cores
     python benchmarks/verifiers.py --workers 1 2 4 --clean 1024 --json out.json
 
 Builds a fixed-seed set of realistic math completions (R1-style `<think>...</think>
@@ -17,15 +17,15 @@ equations, about half of them wrong. Then, for each thread count W:
     syntax-tree builder refuses, and a sum of sines of 10^{59940}-sized integers, which it
     admits and which is cut at the deadline).
 
-Each of the above runs once per `--isolation` mode, in the same process (and, with
-`--previous FILE`, once more with an older `_sympy_worker.py`, for example today's
-predecessor from `git show <rev>:jaxrl_reason/rewards/_sympy_worker.py > FILE`): "off" (the sympy
+Each of the above runs for both verifiers, today's and the one of `--old-rev` (by default
+the syntax-tree sympy verifier that preceded math-verify, loaded from git next to today's
+by `_old_verifier.py`), once per `--isolation` mode, in the same process: "off" (the sympy
 zygotes run as the trainer's own user, no namespaces) and "bwrap" (the default: each zygote
 under bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces). Both fork
-one job per sympy comparison and build sympy objects from a syntax tree. Per mode, the
-zygotes' start-up (cold) and the rate of raw sympy comparisons (`SympyPool.compare` on
-distinct pairs from 2 threads, no string fast paths) are reported too. The verdicts are
-checked against the known labels, so a regression in correctness also shows up here.
+one job per comparison. Per verifier and mode, the zygotes' start-up (cold) and the rate of
+raw sympy comparisons (`SympyPool.compare` on distinct pairs from 2 threads, no string fast
+paths) are reported too. The verdicts are checked against the known labels, so a regression
+in correctness also shows up here.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (gold answer key, spellings a model might give that are correct, wrong spellings)
 _CASES = [
@@ -140,16 +141,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def _load_pool_class(path: Path):
-    """`SympyPool` of a `_sympy_worker.py` file (say, `git show <rev>:<path> > file`)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_previous_sympy_worker", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.SympyPool
-
-
 def _raw_rate(sympy_pool, n: int, threads: int) -> float:
     """Sympy comparisons per second through `sympy_pool` from `threads` threads, on `n`
     distinct pairs of the worker's expression language (half equal, half not)."""
@@ -217,22 +208,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--isolation", nargs="+", default=["off", "bwrap"],
                         choices=["off", "bwrap"], help="sympy worker isolation modes to run")
     parser.add_argument("--raw", type=int, default=400, help="pairs for the raw sympy rate")
-    parser.add_argument("--previous", type=Path, default=None,
-                        help="also run an older _sympy_worker.py as mode 'previous'")
+    parser.add_argument("--old-rev", default=None,
+                        help="git revision of the older verifier run beside today's "
+                             "(default: _old_verifier.DEFAULT_REV); 'none' skips it")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
     from jaxrl_reason.rewards import RewardPool, _sympy_worker, get_reward, register_reward
-    from jaxrl_reason.rewards._sympy_worker import SympyPool
     import_s = time.perf_counter() - start
+    from _old_verifier import DEFAULT_REV, load_old_verifier
 
-    correctness, latencies, lock = get_reward("correctness"), [], threading.Lock()
+    latencies, lock = [], threading.Lock()
+    verifiers = {"current": (get_reward("correctness"), _sympy_worker)}
+    rev = args.old_rev or DEFAULT_REV
+    if rev != "none":
+        old = load_old_verifier(rev)
+        verifiers[f"old {rev}"] = (old.correctness, sys.modules[old.__package__ + "._sympy_worker"])
+    active = {}
 
     @register_reward("correctness_timed", overwrite=True)
     def correctness_timed(completion, example):
         t0 = time.perf_counter()
-        out = correctness(completion, example)
+        out = active["fn"](completion, example)
         with lock:
             latencies.append(time.perf_counter() - t0)
         return out
@@ -240,42 +238,43 @@ def main(argv: list[str] | None = None) -> dict:
     clean = build_items(args.clean, 0.0, args.seed)
     hostile = build_items(args.adversarial_batch, args.adversarial_frac, args.seed + 1)
     rows, modes = [], {}
-    pools = {"off": lambda: SympyPool(isolate=False), "bwrap": lambda: SympyPool(isolate=True)}
-    if args.previous is not None:  # an older _sympy_worker.py (same pool API), run as it was
-        pools["previous"] = _load_pool_class(args.previous)
-    for mode in ([*args.isolation, "previous"] if args.previous else args.isolation):
-        sympy_pool = pools[mode]()
-        _sympy_worker._POOL = sympy_pool  # what get_pool() hands the verifier
-        start = time.perf_counter()
-        ready = sympy_pool.warm()
-        modes[mode] = {"startup_s": time.perf_counter() - start, "workers": ready,
-                       "raw_compare_per_s": _raw_rate(sympy_pool, args.raw, threads=2)}
-        for workers in args.workers:
-            rows.append(dict(isolation=mode, **_run_workers(
-                RewardPool, workers, args, clean, hostile, latencies)))
-        sympy_pool.shutdown()
-        _sympy_worker._POOL = None
+    for name, (fn, worker_module) in verifiers.items():
+        active["fn"] = fn
+        for mode in args.isolation:
+            sympy_pool = worker_module.SympyPool(isolate=mode == "bwrap")
+            worker_module._POOL = sympy_pool  # what that verifier's get_pool() hands out
+            start = time.perf_counter()
+            ready = sympy_pool.warm()
+            modes[f"{name} / {mode}"] = {
+                "startup_s": time.perf_counter() - start, "workers": ready,
+                "raw_compare_per_s": _raw_rate(sympy_pool, args.raw, threads=2)}
+            for workers in args.workers:
+                rows.append(dict(verifier=name, isolation=mode, **_run_workers(
+                    RewardPool, workers, args, clean, hostile, latencies)))
+            sympy_pool.shutdown()
+            worker_module._POOL = None
 
     n_bad = sum(want is None for _, _, want in hostile)
     print(f"import {import_s:.2f} s")
     for mode, m in modes.items():
-        print(f"isolation {mode}: sympy start-up (cold, {m['workers']} workers) "
+        print(f"{mode}: sympy start-up (cold, {m['workers']} workers) "
               f"{m['startup_s']:.2f} s; raw sympy comparisons {m['raw_compare_per_s']:.0f}/s "
               f"(2 threads, {args.raw} distinct pairs)")
     print(f"clean batch: {len(clean)} items x {args.repeats}; adversarial batch: "
           f"{len(hostile)} items, {n_bad} adversarial\n")
-    print(f"| isolation | threads W | answers/s | p50 ms | p99 ms | wrong verdicts | "
+    print(f"| verifier | isolation | threads W | answers/s | p50 ms | p99 ms | wrong verdicts | "
           f"{len(hostile)}-batch w/ {n_bad} adversarial (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['isolation']} | {r['workers']} | {r['answers_per_s']:.0f} | {r['p50_ms']:.1f} "
-              f"| {r['p99_ms']:.1f} | {r['mislabelled']} + {r['adversarial_mislabelled']} "
+        print(f"| {r['verifier']} | {r['isolation']} | {r['workers']} | "
+              f"{r['answers_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+              f"{r['mislabelled']} + {r['adversarial_mislabelled']} "
               f"| {r['adversarial_batch_s']:.2f} |")
     for r in rows:
-        print(f"{r['isolation']} W={r['workers']} adversarial-batch reasons: "
+        print(f"{r['verifier']} {r['isolation']} W={r['workers']} adversarial-batch reasons: "
               f"{r['adversarial_reasons']}")
-    out = {"import_s": import_s, "isolation": modes, "clean_items": len(clean),
-           "adversarial_items": n_bad, "rows": rows}
+    out = {"import_s": import_s, "old_rev": rev, "isolation": modes,
+           "clean_items": len(clean), "adversarial_items": n_bad, "rows": rows}
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2))
     return out

@@ -131,12 +131,13 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-_BOX_GAP = re.compile(r"[\s$.,;:]*(?:(?:\\q?quad|\\text\{\s*\w{0,4}\s*\}|and|or|\\[,;]|&)[\s$.,;:]*)*")
+_BOX_GAP = re.compile(r"[\s$.,;:]*(?:(?:\\q?quad|\\text\{[^{}$]{0,30}\}|and|or|\\[,;]|&)[\s$.,;:]*)*")
 
 
 def final_boxed(text: str) -> str | None:
     r"""Like `last_boxed`, but boxes right before the last one that are separated from it only
-    by punctuation, spaces, `and`/`or` or `\quad` join it as a list: `\boxed{-2} and
+    by punctuation, spaces, `and`/`or`, `\quad` or a short `\text{}` (`\text{ for part (a)
+    and }`) join it as a list: `\boxed{-2} and
     \boxed{1}` -> `-2,1` (repeats of the same box count once)."""
     matches = [m for m in _BOXED.finditer(text) if text[m.end()] == "{"]
     if len(matches) < 2:

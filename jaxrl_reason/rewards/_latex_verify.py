@@ -1,9 +1,9 @@
 r"""math-verify inside a sympy worker job: hardening, parsing of one answer, the verdict.
 
 Loaded by path inside the worker process (it imports nothing from the package), like
-`_sympy_tree`. The zygote calls `harden()` once after importing math-verify and warming it up on constant
-answers (sympy imports some modules lazily, and a few of them `sympify` constant strings at
-import), before any untrusted text arrives, so every forked job inherits it:
+`_sympy_tree`. The zygote calls `harden()` once after importing math-verify and warming it
+up on constant answers (`WARM`; sympy imports some modules lazily, and a few of them
+`sympify` constant strings at import), before any untrusted text arrives, so every forked job inherits it:
 
 - sympy's `parse_expr` / `eval_expr` (the only place where sympy turns a string into code,
   reached by `sympify(str)`, `Number(str)` and math-verify's plain-expression path) and the
@@ -26,6 +26,9 @@ An answer is parsed, first success wins:
    (`\tfrac83`, `4, 12, 2`) parse;
 3. the last side of an equation chain that did not parse whole (`23 \bmod 7 = 2` -> `2`);
 4. `tree.build` of the text, when "expr" is on.
+
+With the `correctness` reward, the completion itself also goes to math-verify's own
+extraction (`_library_extract`), so our extraction only adds answers the library misses.
 """
 from __future__ import annotations
 
@@ -35,6 +38,30 @@ _NUMERIC = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,4})?")
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _PLAIN_SYNTAX = re.compile(r"\*\*|(?<![\\A-Za-z])[A-Za-z]{2,}\s*\(")
 TARGETS = ("latex", "expr", "string")
+
+# Constant answer pairs the zygote compares before `harden` (the first few also through
+# the completion path), so that the grammar's lazily built parser tables, sympy's lazy imports and
+# caches are filled once in the zygote rather than lost with every forked job.
+WARM = [
+    (r"\frac{1}{2}", "0.5"), (r"\sqrt{9} = 3", "3"), (r"\{1, 2\}", "(1,2)"),
+    (r"x \in [2, 5)", r"2 \le x < 5"), (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1,2)"),
+    (r"25\%", "0.25"), ("sqrt(2)/2", r"\frac{\sqrt2}{2}"), ("B", r"\text{(B)}"),
+    (r"(3, \frac{\pi}{2})", r"\left( 3, \frac{\pi}{2} \right)"), ("(a+b)^2", "a^2+2ab+b^2"),
+    ("(x-1)^2", "x^2-2x+1"), ("y = 2x + 1", "2x+1"), ("3x+4y=20", r"y=-\frac{3}{4}x+5"),
+    (r"(-\infty, 3]", r"x \le 3"), (r"(-\infty,1)\cup(2,\infty)", r"x<1 \text{ or } x>2"),
+    (r"1 \pm \sqrt{5}", r"1+\sqrt{5}, 1-\sqrt{5}"), (r"\frac{x+2}{7}", r"\frac{x}{7}+\frac{2}{7}"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}",
+     r"\left[\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right]"),
+    (r"\begin{bmatrix}1\\-2\end{bmatrix}", "(1,-2)"), (r"2\sqrt{3}", r"\sqrt{12}"),
+    (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}"), (r"e^{i\pi}", "-1"), (r"\infty", r"-\infty"),
+    (r"\text{odd}", "odd"), (r"90^\circ", r"\frac{\pi}{2}"), (r"1.5\times10^{3}", "1500"),
+    (r"2\frac{1}{2}", "2.5"), (r"\sin(\frac{\pi}{6})", r"\cos\frac{\pi}{3}"),
+    (r"\log_2 8", r"\ln e^3"), (r"|x-1|", r"\left|1-x\right|"), (r"\binom{6}{3}", "20"),
+    (r"\{(1,2),(3,4)\}", r"\{(3,4),(1,2)\}"),
+    (r"a_1 + b_{2}", r"b_2+a_1"), (r"x^{\frac{1}{3}}", r"\sqrt[3]{x}"), ("PQ=3, RS=8", "3, 8"),
+    (r"-1<g(x)<2", "(-1,2)"), (r"\dfrac{3}{4}", r"\tfrac34"), ("4, 12, 2", r"\{2, 4, 12\}"),
+    (r"\$1{,}200", "1200"), (r"\text{18 dollars}", "18"), (r"f(x) = x^2 - 4x + 4", "(x-2)^2"),
+]
 
 
 def numeric_literal(text, *args, **kwargs):
@@ -127,16 +154,36 @@ def parse_answer(text: str, targets: tuple[str, ...], tree) -> list:
 
 def verdict(pred: str, gold: str, options: dict, tree) -> bool:
     """math-verify's verdict on `pred` against `gold` with the config's options
-    (`float_rounding`, `numeric_precision`, `strict`, `targets`, `set_relation`); no
+    (`float_rounding`, `numeric_precision`, `strict`, `targets`, `set_relation`); when
+    `options["completion"]` holds the completion `pred` was extracted from, math-verify's
+    own extraction from it is a second chance (either one equal to `gold` is a match). No
     signal-based timeout (the worker's deadline bounds the job)."""
     from math_verify import verify
 
     targets = tuple(options.get("targets", ("latex", "expr")))
-    g, p = parse_answer(gold, targets, tree), parse_answer(pred, targets, tree)
-    if not g or not p:
+    g = parse_answer(gold, targets, tree)
+    if not g:
         return False
-    return bool(verify(g, p, float_rounding=int(options.get("float_rounding", 6)),
-                       numeric_precision=int(options.get("numeric_precision", 15)),
-                       strict=bool(options.get("strict", True)),
-                       allow_set_relation_comp=bool(options.get("set_relation", True)),
-                       timeout_seconds=None))
+    candidates = [parse_answer(pred, targets, tree)]
+    completion = options.get("completion")
+    if isinstance(completion, str) and completion.strip():
+        candidates.append(_library_extract(completion, targets))
+    for p in candidates:
+        if p and verify(g, p, float_rounding=int(options.get("float_rounding", 6)),
+                        numeric_precision=int(options.get("numeric_precision", 15)),
+                        strict=bool(options.get("strict", True)),
+                        allow_set_relation_comp=bool(options.get("set_relation", True)),
+                        timeout_seconds=None):
+            return True
+    return False
+
+
+def _library_extract(completion: str, targets: tuple[str, ...]) -> list:
+    """math-verify's own extraction from a whole completion (LaTeX / string targets, no
+    wrapping: its regexes find the final answer)."""
+    from math_verify import LatexExtractionConfig, StringExtractionConfig, parse
+
+    configs = [LatexExtractionConfig()] if "latex" in targets else []
+    if "string" in targets:
+        configs.append(StringExtractionConfig())
+    return parse(completion, configs, parsing_timeout=None) if configs else []

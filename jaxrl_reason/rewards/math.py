@@ -41,6 +41,7 @@ equivalent".
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -135,6 +136,17 @@ def extract_answer(text: str) -> str | None:
         return None
 
 
+_COMPLETION_CHARS = 4000  # of a completion's final part handed to math-verify's extraction
+
+
+def _final_part(text: str) -> str:
+    """What follows the last `</think>` (the whole text without one), its last
+    `_COMPLETION_CHARS` characters, unicode folded."""
+    think = text.rfind("</think>")
+    tail = text[think + len("</think>"):] if think >= 0 else text
+    return _latex.clean_unicode(tail[-_COMPLETION_CHARS:])
+
+
 def _extract(text: str) -> str | None:
     close = text.rfind("</answer>")
     open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
@@ -186,19 +198,25 @@ def _extract_loose(text: str) -> str | None:
 
 
 
-_BARE_LINE = re.compile(r"[\w\\{}()\[\],+\-*/^=.:<>|! ]{1,200}")
-_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_BARE_LINE = re.compile(r"[\w\\{}()\[\],;+\-*/^=.:<>|!% ]{1,200}")
+# A word of prose: lower-case or capitalised, two letters or more, not a LaTeX command
+# (`PQ`, `RS`, `x`, `\frac` are not prose).
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Z]?[a-z]{2,}(?![A-Za-z])")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{\w+\*?\}")
+_CLOSING = re.compile(r"\\[\])]")
 
 
 def _bare_tail(text: str) -> re.Match | None:
     r"""The last line of `text` when it is an undelimited math answer (`\tfrac83`,
-    `4, 12, 2`, `4+5`): only digits, letters, LaTeX commands, brackets and operators, no
-    prose word (two or more letters not after a backslash), at least one digit or command.
+    `4, 12, 2`, `4+5`, `PQ=3, RS=8`): only digits, letters, LaTeX commands, brackets and
+    operators, no prose word (`_PROSE_WORD`; environment names do not count), no closing
+    `\]` or `\)`, at least one digit or command.
     Returns the match of the stripped line (without a final period), else None."""
     end = len(text.rstrip())
     start = text.rfind("\n", 0, end) + 1
     line = text[start:end].rstrip(".").strip()
-    if not line or _PROSE_WORD.search(line) or not re.search(r"[\d\\]", line):
+    if not line or _CLOSING.search(line) or _PROSE_WORD.search(_ENVIRONMENT.sub(" ", line)) \
+            or not re.search(r"\d|\\[A-Za-z]", line):
         return None
     offset = text.index(line, start)
     return _BARE_LINE.fullmatch(text, offset, offset + len(line))
@@ -212,12 +230,15 @@ _SPACED_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:(?:\s|\\[,;: ]|~)+\d{3})+(?:\.\d
 _SQRT_PAREN = re.compile(r"\\sqrt\s*\(([^(){}]*)\)")
 # Integer powers, exponents and factorials that sympy would expand eagerly (the LaTeX
 # grammar has no size limits): a power tower, a power of more than `_MAX_POWER_BITS` bits,
-# a factorial of a factorial or of more than `_MAX_FACTORIAL`.
+# a factorial of a factorial or of more than `_MAX_FACTORIAL`, a binomial of a larger top.
 _MAX_POWER_BITS, _MAX_FACTORIAL = 200_000, 10_000
 _POWER = re.compile(r"(?<!\d)(\d+)\s*\)?\s*\^\s*\{?\s*\(?\s*(\d+)")
 _TOWER = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\s*\d+\s*\}?\s*\^")
 _SCI_EXP = re.compile(r"\d[eE][-+]?(\d{4,})")
 _FACTORIAL = re.compile(r"(?<!\d)(\d+)\s*!")
+_POWER_OF_POWER = re.compile(
+    r"(?<!\d)(\d+)\s*\^\s*\{?\s*(\d+)\s*\}?\s*(?:\\right)?\s*\)\s*\^\s*\{?\s*(\d+)")
+_BINOM = re.compile(r"\\[dt]?binom\s*\{?\s*(\d+)")
 _NESTED_FACTORIAL = re.compile(r"!\s*(?:\\right)?\s*\)\s*!")
 
 
@@ -232,13 +253,19 @@ def _fold(text: str) -> str:
 
 def _oversized(text: str) -> bool:
     """Whether `text` holds a number sympy would take seconds or gigabytes to expand
-    (`9^{9^{9^9}}`, `10^{100000000}`, `1e100000000`, `1000000!`, `(12!)!`)."""
+    (`9^{9^{9^9}}`, `10^{100000000}`, `(10^{9999})^{9999}`, `1e100000000`, `1000000!`, `(12!)!`,
+    `\\binom{1000000}{500000}`)."""
     if _TOWER.search(text) or _SCI_EXP.search(text) or _NESTED_FACTORIAL.search(text):
         return True
-    for base, exponent in _POWER.findall(text):
-        if len(exponent) > 9 or int(exponent) * max(1, len(base)) * 3.33 > _MAX_POWER_BITS:
+    powers = [(b, e, "1") for b, e in _POWER.findall(text)] + _POWER_OF_POWER.findall(text)
+    for base, inner, outer in powers:
+        if len(inner) + len(outer) > 12:
             return True
-    for digits in _FACTORIAL.findall(text):
+        bits = int(inner) * int(outer) * (math.log2(max(2, int(base))) if len(base) < 300
+                                          else 3.33 * len(base))
+        if bits > _MAX_POWER_BITS:
+            return True
+    for digits in _FACTORIAL.findall(text) + _BINOM.findall(text):
         if len(digits) > 6 or int(digits) > _MAX_FACTORIAL:
             return True
     return False
@@ -260,8 +287,10 @@ def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0, **options: Any) 
     return _verdict(pred, gold, timeout_s, opts) == "equal"
 
 
-def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None) -> Verdict:
-    """`is_equivalent` with the timeout case kept apart from "different"."""
+def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None,
+             completion: str | None = None) -> Verdict:
+    """`is_equivalent` with the timeout case kept apart from "different"; `completion`: see
+    `_library` (with it, a "different" from the number and word rules is not final)."""
     try:
         if not isinstance(pred, str) or not isinstance(gold, str):
             return "different"
@@ -280,11 +309,11 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
         if a and a == b:
             return "equal"
         verdict = _compare_numbers(a, b, a_pct, b_pct) or _compare_words(a, b)
-        if verdict is not None:
+        if verdict == "equal" or (verdict == "different" and completion is None):
             return verdict
         if _oversized(p) or _oversized(g):  # not expanded: "different", as before
             return "different"
-        return _library(p, g, options or _DEFAULTS_CHECKED, deadline)
+        return _library(p, g, options or _DEFAULTS_CHECKED, deadline, completion)
     except Exception:
         return "different"
 
@@ -329,13 +358,15 @@ def _compare_words(a: str, b: str) -> Verdict | None:
 
 
 
-def _library(pred: str, gold: str, options: dict, deadline: float) -> Verdict:
+def _library(pred: str, gold: str, options: dict, deadline: float,
+             completion: str | None = None) -> Verdict:
     """math-verify's verdict on the folded answer texts, in a worker job (`_latex_verify`),
-    within the deadline."""
+    within the deadline; with `completion` (the text `pred` came from), math-verify's own
+    extraction from it is tried too."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return "timeout"
-    request = {**options, "targets": list(options["targets"])}
+    request = {**options, "targets": list(options["targets"]), "completion": completion}
     result = get_pool().compare(pred, gold, "mv", 0.0, remaining, request)
     if result is None:
         return "timeout"
@@ -354,9 +385,13 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
 
     `example["answer"]` may be a bare key, a MATH solution with `\\boxed{}` or a GSM8K
     solution ending in `#### N`. The keyword options (bound from
-    `rewards.options.correctness`) are math-verify's: see `verifier_options`. Reasons for 0.0: "no_answer" (nothing extractable), "wrong",
-    "timeout" (not decided within CORRECTNESS_TIMEOUT_S). Raises ValueError when `example`
-    has no "answer" or an option is invalid.
+    `rewards.options.correctness`) are math-verify's: see `verifier_options`. Reasons for
+    0.0: "no_answer" (nothing extractable), "wrong", "timeout" (not decided within
+    CORRECTNESS_TIMEOUT_S). Raises ValueError when `example` has no "answer" or an option
+    is invalid. A completion without `\\boxed{}` or an answer tag also goes to
+    math-verify's own extraction in the same job, so an answer that our extraction and the
+    library read differently counts when either matches (a box or tag is read alike by
+    both, and skipping the second parse keeps the verdict fast).
     """
     opts = verifier_options(float_rounding=float_rounding, numeric_precision=numeric_precision,
                             strict=strict, targets=tuple(targets), set_relation=set_relation)
@@ -365,7 +400,10 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     pred = extract_answer(completion)
     if pred is None:
         return RewardResult(0.0, "no_answer")
-    verdict = _verdict(pred, str(example["answer"]), CORRECTNESS_TIMEOUT_S, opts)
+    final = _final_part(completion)
+    boxed_or_tagged = "\\boxed" in final or "\\fbox" in final or "</answer>" in final
+    verdict = _verdict(pred, str(example["answer"]), CORRECTNESS_TIMEOUT_S, opts,
+                       None if boxed_or_tagged else final)
     if verdict == "equal":
         return RewardResult(1.0)
     return RewardResult(0.0, "wrong" if verdict == "different" else "timeout")

@@ -176,7 +176,7 @@ import sys
 from jaxrl_reason.rewards import _sympy_worker as w
 w._CHILD["tree"] = w._load("_sympy_tree")
 mv = w._CHILD["mv"] = w._load("_latex_verify")
-for a, b in w._WARM_MV:
+for a, b in mv.WARM:
     w._child_compare(a, b, "mv", 0.0, {"targets": ["latex", "expr", "string"]})
 mv.harden()
 import sympy, math_verify.parser, latex2sympy2_extended.sets, latex2sympy2_extended.logic

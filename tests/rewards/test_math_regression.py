@@ -1,0 +1,65 @@
+"""Regression suite of the math verifier: public labelled cases (`math_cases.jsonl`).
+
+Each case names its source (Math-Verify's test files at a commit, or the issue's examples).
+Cases whose verdict is a convention carry `convention` (and the source's own label in
+`source_expected`); `expected` is then the verdict under our convention. The accuracy of
+today's verifier beside math-verify alone and the previous verifier is measured by
+`benchmarks/verifier_accuracy.py`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from jaxrl_reason.rewards import get_reward
+
+CASES_PATH = Path(__file__).with_name("math_cases.jsonl")
+CASES = [json.loads(line) for line in CASES_PATH.read_text(encoding="utf-8").splitlines()
+         if line.strip()]
+ISSUE = [c for c in CASES if c["source"].startswith("issue examples")]
+CONVENTION = [c for c in CASES if c.get("convention")]
+MAIN = [c for c in CASES if not c.get("convention")]
+# Issue examples the verifier still gets wrong (strict xfail: fixing one fails the test, so
+# that it is moved out of this list).
+KNOWN_MISSES = {("(a) $3$ and (b) $5$", "3, 5")}
+
+
+def _correct(case: dict) -> bool:
+    return get_reward("correctness")(case["pred"], {"answer": case["gold"]}).score > 0.5
+
+
+def test_cases_are_well_formed():
+    assert len(CASES) >= 250
+    for i, case in enumerate(CASES, 1):
+        assert set(case) >= {"pred", "gold", "expected", "source"}, f"line {i}"
+        assert isinstance(case["expected"], bool) and case["source"], f"line {i}"
+        if case.get("convention"):
+            assert isinstance(case["source_expected"], bool), f"line {i}"
+    assert sum(c["source"].startswith("huggingface/Math-Verify@") for c in CASES) >= 200
+
+
+@pytest.mark.parametrize("case", ISSUE, ids=lambda c: f"{c['pred'][:30]}~{c['gold'][:20]}")
+def test_issue_examples(case):
+    if (case["pred"], case["gold"]) in KNOWN_MISSES:
+        pytest.xfail("labelled parts joined across spans are not extracted")
+    assert _correct(case) is case["expected"], case
+
+
+@pytest.mark.parametrize("case", CONVENTION, ids=lambda c: f"{c['pred'][:30]}~{c['gold'][:20]}")
+def test_convention_cases_follow_the_chosen_convention(case):
+    assert _correct(case) is case["expected"], (case["convention"], case)
+
+
+def test_accuracy_is_at_least_the_library_alone():
+    """On the main list, today's verifier is right on at least 97% of the cases and on at
+    least as many as math-verify alone (its defaults, as its README uses it)."""
+    from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    ours = sum(_correct(c) is c["expected"] for c in MAIN)
+    alone = sum(bool(verify(parse(c["gold"]), parse(c["pred"]))) is c["expected"] for c in MAIN)
+    assert ours >= 0.97 * len(MAIN), (ours, len(MAIN))
+    assert ours >= alone, (ours, alone)
