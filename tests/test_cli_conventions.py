@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cli_runs import ARITH, QUIET, REPO, run_cli
+from cli_runs import ARITH, REPO
 from jaxrl_reason import paths
 from jaxrl_reason.cli import parse
 from jaxrl_reason.cli.table import COMMANDS, PATH_FLAGS, flag_values
@@ -164,26 +164,6 @@ def test_checkpointer_accepts_relative_directory(tmp_path, monkeypatch):
     assert ckpt.save(1, {"w": jnp.ones(3)}, {"step": 1}, force=True)
     ckpt.close()
     assert (tmp_path / "ck").is_dir() and os.path.isabs(os.fspath(ckpt.directory))
-
-
-@pytest.mark.slow
-def test_relative_paths_from_another_directory(tmp_path, monkeypatch):
-    """A run made with a relative default workdir (runs/<name>), then eval / sample / export
-    with relative paths from a subdirectory, in this process (tests/e2e runs the README's
-    commands, compare and --resume among them, from the repository root)."""
-    monkeypatch.chdir(tmp_path)
-    assert run_cli("train", "--config", SMOKE, *QUIET) == 0
-    run = tmp_path / "runs" / "arith_grpo"
-    assert (run / "metrics.jsonl").is_file() and (run / "eval.json").is_file()
-    (tmp_path / "sub").mkdir()
-    monkeypatch.chdir(tmp_path / "sub")
-    few = ("--num_problems", "4", "--seeds", "1", "--num_samples", "1")
-    assert run_cli("eval", "--checkpoint", "../runs/arith_grpo", *few, "--out", "e.json") == 0
-    assert (tmp_path / "sub" / "e.json").is_file()
-    assert run_cli("sample", "--checkpoint", "../runs/arith_grpo", "--prompt", "1+1",
-                   "--max_new_tokens", "4") == 0
-    assert run_cli("export", "--checkpoint", "../runs/arith_grpo", "--out", "hf") == 0
-    assert (tmp_path / "sub" / "hf" / "config.json").is_file()
 
 
 def test_readme_and_ci_share_the_test_command():

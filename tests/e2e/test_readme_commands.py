@@ -5,7 +5,8 @@ or `python` runs in order, in one copy of the tracked files (a newcomer's fresh 
 relative paths exactly as the README writes them. Two changes keep it to CI's budget: a
 `--config configs/NAME.py` with no argument gets `:smoke` (the same command at test size), and
 `pip install` steps and the test command itself are skipped (the package is installed; the
-tests are running). ```sh blocks (GPU/TPU launches that cannot run here) are syntax-checked.
+tests are running). Then `--resume` on the main run, and eval / sample / export with relative
+paths from a subdirectory. ```sh blocks (GPU/TPU launches that cannot run here) are syntax-checked.
 Editing a command in the README edits the command tested.
 """
 
@@ -115,3 +116,15 @@ def test_readme_commands_run_as_written(tmp_path):
     result = subprocess.run(shlex.split(resume), cwd=root, env=env, capture_output=True,
                             text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Relative paths from another directory than the one the run was made in.
+    sub = root / "elsewhere"
+    sub.mkdir()
+    for command in ("jaxrl-reason eval --checkpoint ../runs/arith_grpo --num_problems 4 "
+                    "--seeds 1 --num_samples 1 --out e.json",
+                    "jaxrl-reason sample --checkpoint ../runs/arith_grpo --prompt 1+1 "
+                    "--max_new_tokens 4",
+                    "jaxrl-reason export --checkpoint ../runs/arith_grpo --out hf"):
+        result = subprocess.run(shlex.split(command), cwd=sub, env=env, capture_output=True,
+                                text=True, timeout=1800)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+    assert (sub / "e.json").is_file() and (sub / "hf" / "config.json").is_file()

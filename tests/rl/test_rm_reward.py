@@ -101,7 +101,9 @@ def test_config_validation(tmp_path):
     with config.unlocked():
         config.rewards.reward_model_dir = str(tmp_path / "missing")
         config.rewards.reward_model_weight = float("inf")
-    assert validate_config(config, 8) == [
+    problems = validate_config(config, 8)
+    assert problems[0] == "config.rewards.reward_model_weight = inf: must be a finite number"
+    assert problems[1:] == [  # the first line is the generic non-finite check of every float
         f"rewards.reward_model_dir: {str(tmp_path / 'missing')!r} is not a directory (train "
         f"one with `jaxrl-reason reward-model`)",
         "rewards.reward_model_weight: must be a finite number, got inf"]
