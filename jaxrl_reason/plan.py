@@ -226,10 +226,10 @@ def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
     prompt_sharding = (shd.batch_sharding(mesh, rules, 2, p)
                        if p % shd.data_parallel_size(mesh, rules) == 0 else rep)
     key = jax.eval_shape(lambda: jax.random.key(0))
-    lowered = sampler._generate.lower(
+    lowered = sampler.lower(
         params, _sds((p, tp), jnp.int32, prompt_sharding), _sds((p, tp), bool, prompt_sharding),
-        _sds(key.shape, key.dtype, rep), _sds((), jnp.float32, rep),
-        _sds((), jnp.float32, rep), _sds((), jnp.int32, rep), num_samples=g,
+        _sds(key.shape, key.dtype, rep), temperature=_sds((), jnp.float32, rep),
+        top_p=_sds((), jnp.float32, rep), top_k=_sds((), jnp.int32, rep), num_samples=g,
         max_new_tokens=length)
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     per_token = 2 * num_params + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (tp + length)
