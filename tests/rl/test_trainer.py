@@ -504,11 +504,16 @@ def test_ppo_with_a_critic_runs_and_the_critic_learns(make_trainer):
     adv, returns = ppo_advantages(trainer.rt.put(np.asarray(rewards)), rollout.mask, values,
                                   None, jnp.float32(0.0), gamma=1.0, lam=0.95,
                                   whiten_advantages=True)
-    batch = {**vars(rollout), "old_values": values, "returns": returns}
+    # Targets half a unit above the returns: the loss starts far above what a few Adam steps
+    # move (with the returns themselves it was ~6e-4, and whether it fell depended on the
+    # sampled batch).
+    batch = {**vars(rollout), "old_values": values, "returns": returns + 0.5}
     losses = []
     for _ in range(5):
         losses.append(float(trainer.critic.update(batch)["value_loss"]))
-    assert losses[-1] < losses[0]
+    # It falls until the values reach the clip range around old_values, then holds there.
+    assert losses[0] > 0.05 and losses[-1] < 0.5 * losses[0], losses
+    assert all(b <= a for a, b in zip(losses, losses[1:])), losses
 
 
 def test_ppo_resume_restores_the_critic_exactly(make_trainer):
