@@ -349,7 +349,7 @@ def distill(fv) -> int:
         seed=fv.seed)
     workdir = _workdir(fv, config, "_distill")
     workdir_lock.acquire(workdir)
-    paths.as_path(workdir).mkdir(parents=True, exist_ok=True)
+    check_workdir(workdir, 0, 1)  # writable, its checkpoint directories too, before sampling
     _say(f"[distill] teacher {directory}: {rt.model_cfg.num_params:,} params; "
          f"{settings.num_prompts} prompts x {settings.num_samples} samples, keep "
          f"{settings.keep}; workdir {workdir}")
@@ -372,6 +372,7 @@ def reward_model(fv) -> int:
     check_config(config, jax.device_count())
     workdir = _workdir(fv, config, "_reward_model")
     workdir_lock.acquire(workdir)
+    check_workdir(workdir, 0, 1)  # writable before any training
     out_dir = paths.join(workdir, rm.CHECKPOINT_KIND)
     if paths.as_path(out_dir).is_dir():
         raise ValueError(f"{out_dir} already holds a reward model: pass another --workdir")

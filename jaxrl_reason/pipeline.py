@@ -51,7 +51,8 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import ml_collections
 
-from jaxrl_reason import distill, distributed, eval_runner, evaluation, paths, workdir_lock
+from jaxrl_reason import (distill, distributed, eval_runner, evaluation, paths, reliability,
+                          workdir_lock)
 from jaxrl_reason.checkpointing import Checkpointer
 from jaxrl_reason.metrics import MetricsWriter
 from jaxrl_reason.models.params import to_layout
@@ -357,6 +358,7 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: str, *, until: str 
         raise ValueError(f"--until {until!r} is not a stage of this pipeline ({names})")
     paths.as_path(workdir).mkdir(parents=True, exist_ok=True)
     workdir_lock.acquire(workdir)  # one run per workdir: fails naming the holder
+    reliability.check_workdir(workdir, 0, 1)  # writable, stage checkpoints too, before work
     if distributed.is_primary():
         paths.write_text_atomic(paths.join(workdir, "config.json"),
                                 config.to_json_best_effort(indent=1))
