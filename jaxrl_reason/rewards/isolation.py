@@ -112,6 +112,12 @@ def _python_roots() -> list[str]:
     return sorted(r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots))
 
 
+def host_paths(files: Sequence[str] = ()) -> list[str]:
+    """The host paths a sandbox sees, read-only at their own path: the running Python
+    installation's outermost directories, then `files`."""
+    return [*_python_roots(), *files]
+
+
 def _parents(path: str) -> list[str]:
     """The ancestors of an absolute `path`, outermost first (`/a/b/c` -> `/a`, `/a/b`)."""
     parts = path.strip("/").split("/")[:-1]
@@ -271,7 +277,7 @@ def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
             cmd += ["--ro-bind", "/" + link, "/" + link]
     # /tmp first: binds of host paths under /tmp then land on top of the private tmpfs
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-    cmd += _bind_args([*_python_roots(), *files])
+    cmd += _bind_args(host_paths(files))
     cmd += ["--chdir", chdir, "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "LANG", "C.UTF-8",
             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--"]
     cmd += ["prlimit", *rlimits, "--"]

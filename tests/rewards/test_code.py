@@ -119,10 +119,18 @@ def test_extract_code_never_raises(text):
 
 
 def test_trivial_run_is_fast_and_cleans_up():
-    res = run("import os\nd = os.listdir('.')\nprint(os.getcwd(), len(d), os.listdir(d[0]), d[0])")
-    # a private /tmp holding only the read-only directory of the solution file
-    cwd, count, listing, name = res.stdout.split()
+    res = run("import os\nd = sorted(os.listdir('.'))\n"
+              "mine = [x for x in d if x.startswith('jaxrl_code_')]\n"
+              "print(os.getcwd(), len(mine), os.listdir(mine[0]), mine[0], ','.join(d))")
+    # a private /tmp holding the read-only directory of the solution file, and nothing else
+    # but the read-only host paths bound there when they live under the host's /tmp (a
+    # virtualenv or an editable checkout made by mktemp, as CI's are)
+    cwd, count, listing, name, entries = res.stdout.split()
     assert (res.status, cwd, count, listing) == ("ok", "/tmp", "1", "['solution.py']")
+    harness = os.path.join(os.path.dirname(os.path.abspath(run_sandboxed.__code__.co_filename)),
+                           "_code_harness.py")
+    host = {p.split("/")[2] for p in isolation.host_paths([harness]) if p.startswith("/tmp/")}
+    assert set(entries.split(",")) - {name} == host
     assert res.wall_s < 1.0
     assert name.startswith("jaxrl_code_")
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), name))  # removed on the host
