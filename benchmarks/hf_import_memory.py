@@ -191,7 +191,7 @@ def child(args) -> int:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from jaxrl_reason import sharding as shd
+    from jaxrl_reason.runtime import sharding as shd
     from jaxrl_reason.models import get_preset
     from jaxrl_reason.models.hf import load_hf_checkpoint, tensor_map
     from jaxrl_reason.models.params import param_shardings

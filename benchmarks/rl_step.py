@@ -42,14 +42,15 @@ import roofline  # noqa: E402
 from sampler import (COMPILE_S, peak_rss_mib, print_trace, profile_options,  # noqa: E402
                      prompt_ids, sampler_flops, trace_summary)
 from configs import arith_grpo  # noqa: E402
-from jaxrl_reason import models, sharding as shd  # noqa: E402
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd  # noqa: E402
 from jaxrl_reason.rl import backends as kernel_dispatch  # noqa: E402
 from jaxrl_reason.models.transformer import Transformer  # noqa: E402
 from jaxrl_reason.rl.batches import Rollout  # noqa: E402
 from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn  # noqa: E402
 from jaxrl_reason.sampling.sampler import Sampler, round_up  # noqa: E402
-from jaxrl_reason.train_state import (create_train_state, learning_rate_schedule,  # noqa: E402
-                                      make_optimizer)
+from jaxrl_reason.runtime.train_state import (  # noqa: E402
+    create_train_state, learning_rate_schedule, make_optimizer)
 
 WORKLOAD = {"n_prompts_per_step": 8, "num_generations": 8, "prompt_len": 32,
             "max_completion_length": 128, "temperature": 1.0, "top_p": 1.0, "top_k": 0,

@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_reason import cpu_devices  # noqa: E402
+from jaxrl_reason.runtime import cpu_devices  # noqa: E402
 from jaxrl_reason.kernels import platform  # noqa: E402
 from jaxrl_reason.models.config import ModelConfig, get_preset  # noqa: E402
 
@@ -66,7 +66,7 @@ def cpu_probe_gflops(n: int = 512, reps: int = 20) -> float:
 
 def use_cpu_devices(value: int, rows: Sequence[int]) -> int:
     """Splits the CPU into `value` XLA devices before JAX starts (0 = one per core, as many
-    as every count in `rows` splits over; see jaxrl_reason.cpu_devices) and returns how many
+    as every count in `rows` splits over; see jaxrl_reason.runtime.cpu_devices) and returns how many
     devices the benchmark's mesh takes: that count, or, where the environment already chose
     (XLA_FLAGS, the tests' 8 fake devices), the most of those that `rows` split over."""
     fits = lambda n: all(r % n == 0 for r in rows)  # noqa: E731

@@ -53,7 +53,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import roofline  # noqa: E402
-from jaxrl_reason import models, sharding as shd  # noqa: E402
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd  # noqa: E402
 from jaxrl_reason.models.transformer import Transformer  # noqa: E402
 from jaxrl_reason.sampling.sampler import Sampler  # noqa: E402
 

@@ -13,7 +13,7 @@ Departures: a cold-start SFT first; the overlong window is scaled to our 96-toke
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -17,7 +17,7 @@ LoRA's learning rate is 10x full fine-tuning's (the adapters start at zero and a
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

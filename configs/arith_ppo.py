@@ -17,7 +17,7 @@ after each policy epoch (verl trains it before); no critic warm-up by default.
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

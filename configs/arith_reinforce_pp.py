@@ -12,7 +12,7 @@ beta = 0 like the other critic-free ones (set rl.beta > 0 for a KL term in the l
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

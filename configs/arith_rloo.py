@@ -11,7 +11,7 @@ uses sequence log-likelihoods, i.e. a token sum); no KL in the reward by default
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -11,7 +11,7 @@ reward; evaluation on held-out levels 1-2 and on level 3 (four numbers).
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -17,7 +17,7 @@ memory-lean log-probs matter most.
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

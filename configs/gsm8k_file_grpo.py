@@ -19,7 +19,7 @@ import os
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 

@@ -12,7 +12,7 @@ knobs as in configs/qwen2_5_1_5b_gsm8k_grpo.py.
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

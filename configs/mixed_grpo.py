@@ -23,7 +23,7 @@ not of tokens or of gradient.
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -19,7 +19,7 @@ the shipped GSM8K-format sample (no model directory needed).
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 TARGETS = ("smoke", "gpu", "v5e-8")
 

@@ -16,7 +16,7 @@ GRPO LoRA recipes use 1e-5 to 5e-5). Export gives a PEFT adapter for the same di
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -30,7 +30,7 @@ Departures from DeepSeek-R1 (Guo et al., 2025):
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def _stage(kind: str, **overrides) -> ml_collections.ConfigDict:
@@ -47,7 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.seeds = (0,) if smoke else (0, 1)  # sampling seeds per evaluation
     c.eval.batch_prompts = 16 if smoke else 50  # prompts per sampler call
 
-    # Rejection sampling (the distill stage): see jaxrl_reason.distill.DistillSettings.
+    # Rejection sampling (the distill stage): see jaxrl_reason.recipes.distill.DistillSettings.
     c.distill = ml_collections.ConfigDict()
     c.distill.num_prompts = 16 if smoke else 512  # fresh training prompts sampled from the teacher
     c.distill.num_samples = 2 if smoke else 4   # completions per prompt

@@ -9,7 +9,7 @@ tool reads. The cold-start SFT shows the tool call in only `task.tool_demo_fract
 traces (the others state the fact from memory), so the SFT model mostly answers from
 memory and is mostly wrong. During RL, generation pauses each row at `</search>` (or
 `</calc>`), the host runs the tool and appends `<result>...</result>`, and decoding goes on
-with the KV cache kept (sampling/tools.py); result tokens are masked out of the loss.
+with the KV cache kept (sampling/tool_loop.py); result tokens are masked out of the loss.
 Calling the tool is the way to the reward, so the tool-call rate (`reward/tool_use`,
 weighted 0: a metric) and the accuracy rise together: measured (seed 0, 2 shared cores,
 21 min) 0.29 -> 0.97 tool calls and 0.09 -> 0.37 reward from the first to the last 10 of
@@ -23,7 +23,7 @@ the completion budget; one retrieved sentence per search (BM25 top-1, no dense r
 
 import ml_collections
 
-from jaxrl_reason.config_files import sibling_config
+from jaxrl_reason.config.files import sibling_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

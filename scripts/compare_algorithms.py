@@ -21,12 +21,12 @@ import time
 import jax
 import numpy as np
 
-from jaxrl_reason import eval_runner
+from jaxrl_reason.evaluation import runner as eval_runner
 from jaxrl_reason.cli import parse
-from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.runtime.metrics import MetricsWriter
 from jaxrl_reason.rl.trainer import RLTrainer
-from jaxrl_reason.run_state import load_params
-from jaxrl_reason.runtime import build_runtime
+from jaxrl_reason.checkpoints.phases import load_params
+from jaxrl_reason.runtime.build import build_runtime
 
 
 def _config(path: str, seed: int, steps: int, problems: int, samples: int):
@@ -101,7 +101,7 @@ def main() -> None:
 
 
 def _mesh_and_rules(config):
-    from jaxrl_reason import sharding as shd
+    from jaxrl_reason.runtime import sharding as shd
     mesh = shd.make_mesh(dict(config.mesh))
     rules = tuple((n, tuple(a) if isinstance(a, (list, tuple)) else a)
                   for n, a in config.sharding_rules)
@@ -111,7 +111,7 @@ def _mesh_and_rules(config):
 def table(results) -> str:
     """Markdown table: config, pass@1 before -> after (mean ± 95% t-interval over seeds),
     mean length after, RL wall time per run."""
-    from jaxrl_reason.stats import mean_ci
+    from jaxrl_reason.evaluation.stats import mean_ci
 
     rows = ["| config | seeds | pass@1 before (%) | pass@1 after (%) | gain | length after | RL wall time |",
             "|---|---|---|---|---|---|---|"]

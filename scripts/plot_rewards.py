@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from jaxrl_reason.metrics import read_metrics
+from jaxrl_reason.runtime.metrics import read_metrics
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

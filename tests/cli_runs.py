@@ -1,4 +1,4 @@
-"""Shared by the command-line tests (tests/test_cli.py, tests/test_configs_smoke.py): the
+"""Shared by the command-line tests (tests/cli/test_cli.py, tests/e2e/test_configs_smoke.py): the
 shipped configs, `jaxrl-reason` in this process, metrics readers and a cache of smoke runs."""
 
 from __future__ import annotations

@@ -219,3 +219,16 @@ def test_layout_tree_matches_the_package():
              for p in (ROOT / base).rglob("*.py")}
     stale = sorted({name for name in re.findall(r"\b\w+\.py\b", tree)} - known)
     assert not stale, f"README's layout tree names files that do not exist: {stale}"
+
+
+def test_tests_mirror_the_package():
+    """Every subpackage of `jaxrl_reason/` (and `kernels/`) has its tests in the folder of the
+    same name under `tests/`, and no test module sits at the top of `tests/` but these docs
+    checks and the helpers' own tests."""
+    packages = {p.name for p in (ROOT / "jaxrl_reason").iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()} | {"kernels"}
+    missing = sorted(name for name in packages
+                     if not list((ROOT / "tests" / name).glob("test_*.py")))
+    assert not missing, f"subpackages without a tests/<name>/ folder of tests: {missing}"
+    top = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert top == ["test_docs.py", "test_numerics.py"], top

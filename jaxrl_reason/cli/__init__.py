@@ -10,7 +10,7 @@ input ends with a one-line message; set JAXRL_REASON_DEBUG=1 to see the tracebac
 Multi-host: run the same command on every host. Before anything else touches JAX, the CLI
 calls `jax.distributed.initialize` as `config.distributed` says (default "auto": on Cloud
 TPU VMs and pods, or when a coordinator address / process count is configured; see
-`jaxrl_reason.distributed`); `--multihost` forces it (for eval/sample without a config,
+`jaxrl_reason.runtime.distributed`); `--multihost` forces it (for eval/sample without a config,
 the `distributed` settings come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
 JAX_PROCESS_ID).
 """
@@ -25,7 +25,7 @@ from typing import Sequence
 
 from absl import flags
 
-from jaxrl_reason import paths
+from jaxrl_reason.runtime import paths
 from jaxrl_reason.cli import help as cli_help
 from jaxrl_reason.cli.table import COMMANDS, PATH_FLAGS, flag_values
 
@@ -159,19 +159,21 @@ def init_distributed(command: str, fv: flags.FlagValues) -> None:
     `--multihost` (never for `plan`, which only compiles). Must run before any JAX call."""
     if command == "plan":
         return
-    from jaxrl_reason import distributed
+    from jaxrl_reason.runtime import distributed
     distributed.initialize(_distributed_block(fv))
 
 
 def init_cpu_devices(command: str, fv: flags.FlagValues) -> int | None:
-    """Splits a CPU host into `config.cpu_devices` XLA devices (see `jaxrl_reason.cpu_devices`)
-    before JAX starts; returns the count set, or None (no config, `plan`, or the environment
+    """Splits a CPU host into `config.cpu_devices` XLA devices (see
+    `jaxrl_reason.runtime.cpu_devices`) before JAX starts; returns the count set, or None (no config, `plan`, or the environment
     chose). Must run before any JAX call, and before `init_distributed` decides the process
     count (auto gives 1 in a multi-process job)."""
     config = fv.config
     if command == "plan" or config is None or "cpu_devices" not in config:
         return None
-    from jaxrl_reason import cpu_devices, distributed, validation
+    from jaxrl_reason.runtime import cpu_devices
+    from jaxrl_reason.runtime import distributed
+    from jaxrl_reason.config import validation
     multi = distributed.decide(distributed.settings(_distributed_block(fv)))[0]
     count = cpu_devices.resolve(config.cpu_devices, cores=cpu_devices.usable_cores(),
                                 fits=lambda n: validation.fits_devices(config, n),
@@ -185,14 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     command, fv = parse(argv)
     # Imported after parsing so that `--help` and flag errors are instant.
-    from jaxrl_reason.reliability import GracefulStop, NumericError, Preempted
+    from jaxrl_reason.runtime.reliability import GracefulStop, NumericError, Preempted
     try:
         init_cpu_devices(command, fv)  # before any other JAX call
         init_distributed(command, fv)
     except ValueError as e:
         sys.stderr.write(f"jaxrl-reason {command}: error: {e}\n")
         return 1
-    from jaxrl_reason import commands
+    from jaxrl_reason.cli import commands
     try:
         with GracefulStop():  # SIGTERM/SIGINT: checkpoint at the next step, then exit 0
             return getattr(commands, COMMANDS[command].function_name)(fv)

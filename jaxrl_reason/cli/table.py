@@ -1,5 +1,5 @@
 """The table of `jaxrl-reason` commands: each command's one-line summary, its flags, which of
-them are paths, and the function that runs it (`jaxrl_reason.commands.<function>`).
+them are paths, and the function that runs it (`jaxrl_reason.cli.commands.<function>`).
 
 A flag is defined by the group it belongs to (`_FLAG_GROUPS`); a command lists its groups.
 Every flag has a one-line help text, shown by `jaxrl-reason CMD --help`.
@@ -22,7 +22,7 @@ class Command:
 
     name: what the user types; summary: one line for `jaxrl-reason --help`; usage: the
     synopsis; groups: names of the flag groups it takes (`_FLAG_GROUPS`); required: flags that
-    must be given; function: the name of its function in `jaxrl_reason.commands`.
+    must be given; function: the name of its function in `jaxrl_reason.cli.commands`.
     """
     name: str
     summary: str

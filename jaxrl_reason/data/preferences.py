@@ -9,7 +9,7 @@ A file's lines are {"prompt": str, "chosen": str, "rejected": str} with optional
 with its file and line number. The generated pairs pair a worked arithmetic completion with a
 corrupted one (a wrong answer, a wrong result in the reasoning too, a verbose repeat, or a
 truncation); their train and eval splits are disjoint by problem (`arithmetic.problem_split`).
-`jaxrl_reason.reward_model` trains on them.
+`jaxrl_reason.recipes.reward_model` trains on them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ layers) or Gemma 3 (q/k norm, 5 local : 1 global layers with their own RoPE base
 
 One module serves training (full sequences, no cache), prefill (writes the KV cache) and
 decode (one token per row against the cache). Every parameter carries logical axis names
-(see `jaxrl_reason.sharding`); the model knows nothing about meshes, training or RL.
+(see `jaxrl_reason.runtime.sharding`); the model knows nothing about meshes, training or RL.
 
 Conventions for all entry points:
   tokens      int32 [B, T]
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.lora import Projection
-from jaxrl_reason.sharding import constrain
+from jaxrl_reason.runtime.sharding import constrain
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
 CACHE_LOGICAL = ("batch", "kv_heads", "cache_length", "head_dim")

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.transformer import Transformer
 

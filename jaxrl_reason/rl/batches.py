@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.rewards.pool import BatchRewards
 from jaxrl_reason.sampling.sampler import round_up
 

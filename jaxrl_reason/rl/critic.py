@@ -24,8 +24,8 @@ import numpy as np
 from jaxrl_reason.rl.batches import Rollout
 from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn, make_value_update_fn,
                                    token_rewards, whiten)
-from jaxrl_reason.train_state import (TrainState, create_train_state, learning_rate_schedule,
-                                      make_optimizer)
+from jaxrl_reason.runtime.train_state import (TrainState, create_train_state,
+                                              learning_rate_schedule, make_optimizer)
 
 VALUE_INITS = ("policy", "sft", "random")
 

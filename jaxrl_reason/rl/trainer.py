@@ -34,32 +34,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_reason import distributed
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import distributed
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.data.pipeline import example_iterator
-from jaxrl_reason.metrics import MetricsWriter, format_line
-from jaxrl_reason.progress import ProgressBar
-from jaxrl_reason.reliability import Preempted, SkipGuard, stop_requested
+from jaxrl_reason.runtime.metrics import MetricsWriter, format_line
+from jaxrl_reason.runtime.progress import ProgressBar
+from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import (Collected, Rollout, merge_groups, select_train_rows,
                                      zero_variance_groups)
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
-from jaxrl_reason.rl.rm_reward import load_reward_component
+from jaxrl_reason.rl.learned_reward import load_reward_component
 from jaxrl_reason.models.lora import without_adapters
 from jaxrl_reason.models.lora_params import check_rl_config as check_lora_rl_config
 from jaxrl_reason.models.lora_params import for_training as lora_for_training
 from jaxrl_reason.rl.critic import Critic
-from jaxrl_reason.run_state import PhaseCheckpointer
+from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
-from jaxrl_reason.evaluation import domain_metrics
-from jaxrl_reason.runtime import Runtime
+from jaxrl_reason.evaluation.pass_at_k import domain_metrics
+from jaxrl_reason.runtime.build import Runtime
 from jaxrl_reason.sampling.sampler import round_up
-from jaxrl_reason.sampling.tools import ToolSampleOutput, tool_loss_mask
+from jaxrl_reason.sampling.tool_loop import ToolSampleOutput, tool_loss_mask
 from jaxrl_reason.rl.update import (adaptive_kl_beta, make_logprob_fn, make_update_fn,
                                     mix_reference)
-from jaxrl_reason.train_state import (TrainState, create_train_state, learning_rate_schedule,
-                                      make_optimizer)
+from jaxrl_reason.runtime.train_state import (TrainState, create_train_state,
+                                              learning_rate_schedule, make_optimizer)
 
 TRAIN_SIZE = 10_000_000  # the procedurally generated training set is effectively unbounded
 

@@ -14,13 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import _micro_sharding, from_micro, to_micro
-from jaxrl_reason.train_state import (TrainState, apply_gradients_if_finite, trainable_params,
-                                      value_and_grad)
+from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
+                                              trainable_params, value_and_grad)
 
 
 def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None, rules=()):

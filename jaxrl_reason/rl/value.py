@@ -41,14 +41,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.scoring import sequence_inputs
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
                                             value_param_shardings)
 from jaxrl_reason.rl.losses import LOSS_AGGREGATIONS, aggregate_loss
-from jaxrl_reason.train_state import TrainState, apply_gradients
+from jaxrl_reason.runtime.train_state import TrainState, apply_gradients
 
 Array = jnp.ndarray
 

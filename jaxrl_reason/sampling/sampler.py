@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.params import (cache_length, cache_shardings, init_cache,
                                         pad_cache, repeat_cache)
 from jaxrl_reason.models.scoring import positions_from_valid  # noqa: F401 (re-exported)
@@ -295,7 +295,7 @@ class Sampler:
         """Prefill once per prompt, share each prompt's cache with its G samples and draw
         the first token (with key `fold_in(rng, 0)`, or with per-row keys [N] each row's
         `fold_in(key, 0)`). Traceable (call it inside a jit);
-        `_generate_impl` and the tool loop (`sampling/tools.py`) both start here.
+        `_generate_impl` and the tool loop (`sampling/tool_loop.py`) both start here.
 
         Args: as `__call__` (prompt_tokens int32 [P, Tp], prompt_valid bool [P, Tp]).
         Returns: Prefilled with N = P * G rows.

@@ -1,6 +1,6 @@
 """Tools a policy may call mid-completion (`<search>query</search>`, `<calc>expr</calc>`):
 a BM25 retriever over a local corpus, a sandboxed calculator, and the host-side runner.
-Host code only (no jax): `sampling/tools.py` runs the tool loop on the device side.
+Host code only (no jax): `sampling/tool_loop.py` runs the tool loop on the device side.
 
 `config.tools` (validated by `tool_config_problems`; `enabled = False` or no block: off):
 

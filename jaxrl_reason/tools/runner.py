@@ -2,7 +2,7 @@
 
 A call is `<name>query</name>` with `name` one of the runner's tools; its result is
 `<result>output</result>`. The sampler pauses a row right after a closing tag
-(`sampling/tools.py`) and asks `ToolRunner.run` for the result of the text so far:
+(`sampling/tool_loop.py`) and asks `ToolRunner.run` for the result of the text so far:
 
     runner = ToolRunner({"search": BM25Retriever(docs), "calc": calculate})
     runner.run("<think><search>capital of Velmora</search>")

@@ -149,7 +149,7 @@ def test_mixture_problems(entries, weights, match):
 def test_validate_config_reports_mixture_problems():
     from configs import arith_grpo
 
-    from jaxrl_reason.validation import validate_config
+    from jaxrl_reason.config.validation import validate_config
     config = arith_grpo.get_config("smoke")
     with config.unlocked():
         config.task.name = "mixture"
@@ -174,7 +174,7 @@ def test_mixture_corpus_is_the_union():
 
 
 def test_eval_sources_per_domain():
-    from jaxrl_reason.eval_runner import level_set_name
+    from jaxrl_reason.evaluation.runner import level_set_name
     config = mixed_config()
     sets = tasks.eval_sources(config, 8, 1234, level_set_name)
     assert list(sets) == ["arithmetic: levels 1-3 (held-out)",

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from numerics import decoder_tolerance, logprobs_tolerances
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import logprobs as lp
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer

@@ -6,7 +6,7 @@ import pytest
 
 from numerics import abs_matmul_magnitude, f32_tolerance
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models import hf
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad

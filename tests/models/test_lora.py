@@ -9,7 +9,9 @@ import optax
 import pytest
 from flax import linen as nn
 
-from jaxrl_reason import models, sharding as shd, train_state as ts
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
+from jaxrl_reason.runtime import train_state as ts
 from jaxrl_reason.models import lora as lora_lib, lora_params, scoring
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad
@@ -266,7 +268,7 @@ def test_hf_model_takes_the_lora_block_as_a_knob():
 
     import ml_collections
 
-    from jaxrl_reason.runtime import hf_model_config
+    from jaxrl_reason.runtime.build import hf_model_config
     path = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2")
     config = ml_collections.ConfigDict({"hf_model": path, "model": {
         "dtype": "float32", "lora": {"r": 2, "target_modules": ["q_proj", "v_proj"],

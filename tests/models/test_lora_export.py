@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models import lora as lora_lib, lora_export
 from jaxrl_reason.models.transformer import Transformer
 

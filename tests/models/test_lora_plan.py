@@ -1,6 +1,6 @@
 """`plan` with LoRA: the update's arguments hold Adam state for the adapters only, the
 frozen base shrinks with int8/nf4, and beta > 0 keeps no reference copy resident (needs
-libtpu, as tests/test_plan.py)."""
+libtpu, as tests/runtime/test_plan.py)."""
 import importlib.util
 import os
 
@@ -13,7 +13,7 @@ PROGRAMS = ("log-prob pass", "update")
 
 
 def _plan(name, *flags):
-    from jaxrl_reason import plan as planner
+    from jaxrl_reason.runtime import plan as planner
     _, fv = parse(["jaxrl-reason", "plan", "--config",
                    os.path.join(REPO, "configs", f"{name}.py"), "--topology", "v5e:2x4",
                    "--config.rl.beta=0.04", *flags])

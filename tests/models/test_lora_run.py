@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from cli_runs import QUIET, REPO, load_config, phase, read_metrics, run_cli
-from jaxrl_reason import sharding as shd
-from jaxrl_reason.checkpointing import Checkpointer
+from jaxrl_reason.runtime import sharding as shd
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer
 from jaxrl_reason.models import lora as lora_lib, lora_params
-from jaxrl_reason.run_state import load_params, phase_dir
+from jaxrl_reason.checkpoints.phases import load_params, phase_dir
 
 LORA = os.path.join(REPO, "configs", "arith_grpo_lora.py")
 FLAGS = ("--config.rl.beta=0.04", "--config.model.lora.base_quant=int8",

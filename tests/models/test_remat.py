@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import positions_from_valid

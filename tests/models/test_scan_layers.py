@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.params import (cache_length, init_cache, is_stacked, pad_cache,
                                         repeat_cache)
 from jaxrl_reason.models.transformer import Transformer

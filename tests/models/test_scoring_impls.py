@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_reason import sharding as shd
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.config import get_preset
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs

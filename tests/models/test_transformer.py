@@ -7,7 +7,8 @@ import optax
 import pytest
 from jax.extend import core as jex_core
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer, einsum_f32
 from jaxrl_reason.sampling.sampler import positions_from_valid

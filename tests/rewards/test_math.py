@@ -645,7 +645,7 @@ def test_config_options_reach_training_eval_and_distill():
 
     import ml_collections
 
-    from jaxrl_reason.distill import verify_completions
+    from jaxrl_reason.recipes.distill import verify_completions
     from jaxrl_reason.rewards.math import verifier_options
     from jaxrl_reason.rewards.pool import RewardPool, config_options
 

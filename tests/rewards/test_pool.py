@@ -180,7 +180,7 @@ def test_user_reward_module_registers_by_path_and_bad_ones_are_named(tmp_path):
 
 def test_config_validation_names_bad_rewards():
     from jaxrl_reason.cli import parse
-    from jaxrl_reason.validation import validate_config
+    from jaxrl_reason.config.validation import validate_config
 
     import ml_collections
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

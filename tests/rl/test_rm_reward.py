@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 
 from jaxrl_reason import cli
-from jaxrl_reason import reward_model as rm
+from jaxrl_reason.recipes import reward_model as rm
 from jaxrl_reason.data import preferences
-from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.runtime.metrics import MetricsWriter
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.pool import BatchRewards
-from jaxrl_reason.rl.rm_reward import (COMPONENT, load_reward_component, mix_reward_model,
+from jaxrl_reason.rl.learned_reward import (COMPONENT, load_reward_component, mix_reward_model,
                                        resolve_reward_model_dir, rollout_inputs)
 from jaxrl_reason.rl.trainer import RLTrainer
-from jaxrl_reason.runtime import build_runtime
-from jaxrl_reason.validation import validate_config
+from jaxrl_reason.runtime.build import build_runtime
+from jaxrl_reason.config.validation import validate_config
 from numerics import f32_tolerance, value_head_tolerance
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,7 +13,7 @@ from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl.trainer import RLTrainer
 from jaxrl_reason.rl.update import make_update_fn
-from jaxrl_reason.train_state import create_train_state, make_optimizer
+from jaxrl_reason.runtime.train_state import create_train_state, make_optimizer
 
 CFG = models.get_preset("test")
 M, TP, L = 4, 5, 8

@@ -21,7 +21,7 @@ import pytest
 from numerics import decoder_grad_tolerance, decoder_tolerance, f32_tolerance
 
 from jaxrl_reason.cli import parse
-from jaxrl_reason.metrics import MetricsWriter
+from jaxrl_reason.runtime.metrics import MetricsWriter
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.base import register_reward
 from jaxrl_reason.rl.advantages import group_advantages
@@ -29,8 +29,8 @@ from jaxrl_reason.rl.batches import merge_groups, select_train_rows, zero_varian
 from jaxrl_reason.rl.trainer import RLTrainer
 from jaxrl_reason.rl.critic import Critic, ppo_advantages
 from jaxrl_reason.rl.update import adaptive_kl_beta, mix_reference
-from jaxrl_reason.runtime import build_runtime
-from jaxrl_reason.train_state import create_train_state
+from jaxrl_reason.runtime.build import build_runtime
+from jaxrl_reason.runtime.train_state import create_train_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE = os.path.join(REPO, "configs", "arith_grpo.py") + ":smoke"
@@ -564,7 +564,7 @@ def test_micro_batches_give_the_full_batch_gradient(make_trainer):
     import optax
 
     from jaxrl_reason.rl.update import make_update_fn
-    from jaxrl_reason.train_state import create_train_state
+    from jaxrl_reason.runtime.train_state import create_train_state
 
     trainer, initial = make_trainer("--config.rl.micro_batches=2",
                                     weights={"_test_text_length": 1.0})

@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.params import init_cache
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad, resolve_budgets
@@ -154,8 +155,8 @@ def test_kv_cache_bytes_match_the_caches():
 
 def test_config_knobs_are_validated_and_reach_the_sampler(tmp_path):
     from cli_runs import ARITH, load_config
-    from jaxrl_reason.runtime import build_runtime
-    from jaxrl_reason.validation import validate_config
+    from jaxrl_reason.runtime.build import build_runtime
+    from jaxrl_reason.config.validation import validate_config
 
     config = load_config(ARITH)  # smoke: 4 prompts x 4 generations = 16 rows
     assert config.rl.max_num_seqs == 0  # the static batch stays the default

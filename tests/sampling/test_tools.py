@@ -1,4 +1,4 @@
-"""Tool-use rollouts (`sampling/tools.py`) on a random toy model: a row that emits a closing
+"""Tool-use rollouts (`sampling/tool_loop.py`) on a random toy model: a row that emits a closing
 tag gets the host's result tokens in place, the loop continues with the KV cache kept, and
 that continuation is the one a fresh prefill of the whole prefix gives; the result tokens
 are exactly where `tool_mask` (and so the loss mask) says; without calls the tool sampler
@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_reason import models, sharding as shd
+from jaxrl_reason import models
+from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.sampler import Sampler, left_pad, positions_from_valid, stage_ends
-from jaxrl_reason.sampling.tools import (ToolSampler, result_token_ids, tail_matches,
+from jaxrl_reason.sampling.tool_loop import (ToolSampler, result_token_ids, tail_matches,
                                          tool_loss_mask)
 from jaxrl_reason.tools import ToolRunner
 from numerics import decoder_tolerance

@@ -20,11 +20,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cli_runs import ARITH, QUIET, REPO, load_config, run_cli  # noqa: E402
 
-from jaxrl_reason import workdir_lock  # noqa: E402
-from jaxrl_reason.checkpointing import Checkpointer, abstract_like  # noqa: E402
+from jaxrl_reason.checkpoints import workdir_lock  # noqa: E402
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer, abstract_like  # noqa: E402
 from jaxrl_reason.data.files import read_examples  # noqa: E402
-from jaxrl_reason.reliability import check_workdir  # noqa: E402
-from jaxrl_reason.validation import non_finite_problems, validate_config  # noqa: E402
+from jaxrl_reason.runtime.reliability import check_workdir  # noqa: E402
+from jaxrl_reason.config.validation import non_finite_problems, validate_config  # noqa: E402
 
 SMOKE = f"{ARITH}:smoke"
 
@@ -152,14 +152,14 @@ def test_filesystem_without_flock_warns_and_runs_unlocked(tmp_path, monkeypatch,
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    with caplog.at_level("WARNING", logger="jaxrl_reason.workdir_lock"):
+    with caplog.at_level("WARNING", logger="jaxrl_reason.checkpoints.workdir_lock"):
         workdir_lock.acquire(str(tmp_path / "run"))
     workdir_lock.release_all()
     assert "running without a workdir lock" in caplog.text and "No locks" in caplog.text
 
 
 def test_only_process_zero_takes_the_lock(tmp_path, monkeypatch):
-    from jaxrl_reason import distributed
+    from jaxrl_reason.runtime import distributed
     monkeypatch.setattr(distributed, "is_primary", lambda: False)
     workdir_lock.acquire(str(tmp_path / "run"))
     assert not (tmp_path / "run" / ".lock").exists() and workdir_lock.held() == []
@@ -263,7 +263,7 @@ def test_bad_data_line_names_file_and_line_and_is_skipped(tmp_path, kind):
 
 
 def test_eval_data_with_a_lone_surrogate_names_the_line(tmp_path):
-    from jaxrl_reason.eval_runner import file_sets
+    from jaxrl_reason.evaluation.runner import file_sets
     path = tmp_path / "probe.jsonl"
     path.write_text(GOOD + BAD_LINES["surrogate"] + "\n")
     with pytest.raises(ValueError, match=f"{path}:2: field 'prompt' is not valid Unicode"):
@@ -351,10 +351,10 @@ def test_read_only_checkpoint_directory_is_found_at_start(tmp_path, capsys):
 
 
 def test_eval_report_names_the_step_after_a_fallback(tmp_path, capsys):
-    from jaxrl_reason import run_state
+    from jaxrl_reason.checkpoints import phases as run_state
     from jaxrl_reason.models.params import init_params
-    from jaxrl_reason.runtime import build_runtime
-    from jaxrl_reason.train_state import create_train_state, make_optimizer
+    from jaxrl_reason.runtime.build import build_runtime
+    from jaxrl_reason.runtime.train_state import create_train_state, make_optimizer
 
     from test_checkpointing import damage  # noqa: E402 (tests/ is on sys.path)
 

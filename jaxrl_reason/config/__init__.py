@@ -1,0 +1,2 @@
+"""Run configs: loading `configs/*.py` files, and validating a config before anything
+compiles."""

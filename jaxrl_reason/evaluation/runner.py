@@ -1,0 +1,511 @@
+"""Evaluation on device: sample n completions per held-out problem for several seeds, verify
+them on host threads, and summarize pass@k / maj@k / best-of-k / length with 95% intervals
+over seeds, plus a curve of accuracy against samples per problem (k = 1, 2, 4, ..., n).
+
+Test-time compute (config.eval, each read with a default so older configs still run):
+  vote_subsets        maj@k and best_of@k for k < n average over this many random k-subsets
+                      of the n samples (exact when there are fewer subsets); 0 = first k.
+  best_of_verifier    registered reward scoring each sample without the reference answer
+                      (default "format_strict"); best_of@k keeps the top-scored samples of k,
+                      then votes. The task's verifier here gives the oracle bound (= pass@k).
+  answer_equivalence  True: answers vote together when `rewards.math.is_equivalent` says
+                      they are equal ("0.5" and "1/2"); False: exact strings.
+  plot                True: `plot_curves` draws the curves next to the report (matplotlib).
+
+Seeds: every metric is reported as its mean over `eval.seeds` with the standard deviation
+and a 95% t-interval (`jaxrl-reason eval --seeds 5` overrides the config's seeds).
+`compare` evaluates two checkpoints on the same problems and seeds and tests their difference
+with a paired bootstrap over problems and seeds, and gives pass@k for every k = 1..n of both
+(`plot_pass_at_k` draws them).
+
+The statistics themselves (unbiased pass@k, maj@k, best-of-k, t-intervals, the bootstrap)
+live in `jaxrl_reason.evaluation.pass_at_k` and `jaxrl_reason.evaluation.compare`, which are
+pure numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxrl_reason.evaluation import compare as comparison
+from jaxrl_reason.evaluation import pass_at_k as evaluation
+from jaxrl_reason.runtime.progress import ProgressBar
+from jaxrl_reason.rewards.math import extract_answer, is_equivalent
+from jaxrl_reason.rewards.pool import RewardPool, config_options
+from jaxrl_reason.data.tasks import eval_sources, task_verifier
+from jaxrl_reason.runtime.build import Runtime
+
+REPORT_METRICS = ("pass@1", "maj@{n}", "best_of@{n}", "pass@{n}", "mean_length")
+DEFAULTS = {"vote_subsets": 64, "best_of_verifier": "format_strict", "answer_equivalence": True,
+            "plot": False}
+
+
+def eval_option(cfg: ml_collections.ConfigDict, name: str):
+    """config.eval.<name>, or its default from DEFAULTS when the config has no such field."""
+    return cfg.get(name, DEFAULTS[name])
+
+
+def level_set_name(levels: Sequence[int], train_levels: Sequence[int]) -> str:
+    """'levels 1-3 (held-out)' for training levels, 'level 4' for one outside them."""
+    levels = sorted(levels)
+    name = f"level {levels[0]}" if len(levels) == 1 else f"levels {levels[0]}-{levels[-1]}"
+    return name + (" (held-out)" if set(levels) <= set(train_levels) else "")
+
+
+def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
+    """Named held-out problem sets: the task's eval split for each `task.eval_levels` group,
+    each file of `task.eval_files` for a file task, or each domain's held-out set for a
+    mixture ("countdown: levels 1-2 (held-out)")."""
+    sources = eval_sources(config, config.eval.num_problems, config.eval.data_seed,
+                           level_set_name)
+    return {name: [source[i] for i in range(len(source))] for name, source in sources.items()}
+
+
+def file_sets(path: str, preset: str = "generic",
+              num_problems: int | None = None) -> dict[str, list[dict]]:
+    """The evaluation set of a JSONL/parquet file (`eval --data`): {file name: its first
+    `num_problems` examples (all when None)}. Each example names the file task's verifier
+    ("verifier": "correctness") unless it has one, so a mixture checkpoint, whose verifier
+    dispatches per row, judges it as a file task would."""
+    from jaxrl_reason.data.files import read_examples
+    from jaxrl_reason.data.tasks import get_task
+
+    source = read_examples(path, fields=preset)
+    size = len(source) if num_problems is None else min(num_problems, len(source))
+    verifier = get_task("file").verifier
+    return {os.path.basename(path): [{"verifier": verifier, **source[i]} for i in range(size)]}
+
+
+def _padded_chunks(examples: Sequence[Mapping], size: int):
+    """Chunks of exactly `size` examples (the last padded by repetition) + real counts."""
+    for start in range(0, len(examples), size):
+        chunk = list(examples[start:start + size])
+        real = len(chunk)
+        chunk += [chunk[-1]] * (size - real)
+        yield chunk, real
+
+
+def sample_and_verify(rt: Runtime, params, examples: Sequence[Mapping], pool: RewardPool, *,
+                      seed: int, num_samples: int, temperature: float, top_p: float,
+                      max_new_tokens: int, batch_prompts: int, verifier: str | None = None,
+                      filter_verifier: str | None = None,
+                      answer_equivalence: bool = False,
+                      equivalence_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Samples `num_samples` completions per example and verifies them.
+
+    `verifier` names the pool component deciding correctness (default: the pool's total);
+    `filter_verifier` a component whose scores are returned for best-of-k;
+    `equivalence_options` the math verifier's options for `answer_equivalence`
+    (`rewards.options.correctness`).
+    Returns: correct bool [P, n], answers (P x n list of str | None; with
+    `answer_equivalence`, equivalent answers of a problem share one string), lengths int
+    [P, n], texts (P x n list of str), scores f32 [P, n] (filter_verifier's; None without).
+    """
+    correct, answers, lengths, texts, scores = [], [], [], [], []
+    rng = jax.random.key(seed)
+    equivalent = (functools.partial(is_equivalent, **dict(equivalence_options or {}))
+                  if answer_equivalence else None)
+    for i, (chunk, real) in enumerate(_padded_chunks(examples, batch_prompts)):
+        pt, pv = rt.encode_prompts(chunk)
+        out = rt.sampler(params, rt.put_prompts(pt), rt.put_prompts(pv),
+                         jax.random.fold_in(rng, i), num_samples=num_samples,
+                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        tokens, lens = jax.device_get((out.tokens, out.lengths))
+        tokens, lens = tokens[:real * num_samples], lens[:real * num_samples]
+        chunk_texts = [rt.tokenizer.decode(row[:n]) for row, n in zip(tokens, lens)]
+        rows = [ex for ex in chunk[:real] for _ in range(num_samples)]
+        batch = pool.score(chunk_texts, rows)
+        verdict = batch.total if verifier is None else batch.components[verifier]
+        correct.append(np.asarray(verdict).reshape(real, num_samples) > 0.5)
+        if filter_verifier is not None:
+            scores.append(np.asarray(batch.components[filter_verifier],
+                                     np.float32).reshape(real, num_samples))
+        lengths.append(np.asarray(lens).reshape(real, num_samples))
+        for p in range(real):
+            row_texts = chunk_texts[p * num_samples:(p + 1) * num_samples]
+            texts.append(row_texts)
+            row_answers = [extract_answer(t) for t in row_texts]
+            answers.append(evaluation.canonical_answers(row_answers, key=str.strip,
+                                                        equivalent=equivalent))
+    return {"correct": np.concatenate(correct), "answers": answers,
+            "lengths": np.concatenate(lengths), "texts": texts,
+            "scores": np.concatenate(scores) if scores else None}
+
+
+def evaluate(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] | None = None, *,
+             eval_cfg: ml_collections.ConfigDict | None = None, label: str = "",
+             progress: bool = True) -> dict[str, Any]:
+    """Evaluates `params` on every named set for every seed of `eval_cfg`.
+
+    Returns {"sets": {name: {metric: {"mean", "std", "ci95", "values"}}},
+             "curves": {name: {"k": [1, 2, ..., n], "pass@k" | "maj@k" | "best_of@k":
+                               {"mean": [...], "ci95": [...]}}},
+             "config": {...}}.
+    """
+    return evaluate_samples(rt, params, sets, eval_cfg=eval_cfg, label=label,
+                            progress=progress)[0]
+
+
+def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] | None = None,
+                     *, eval_cfg: ml_collections.ConfigDict | None = None, label: str = "",
+                     progress: bool = True, verifier: str | None = None
+                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """`evaluate`, also returning every verdict: (report, {set name: correct bool [S, P, n]})
+    with S = len(eval_cfg.seeds) in seed order, P problems in set order, n samples.
+
+    `verifier` names the reward deciding correctness (default: the task's, from rt.config;
+    `compare` passes checkpoint A's so that both checkpoints are judged alike).
+    """
+    cfg = eval_cfg or rt.config.eval
+    sets = eval_sets(rt.config) if sets is None else sets
+    n = cfg.num_samples
+    ks = sorted({1, n} | {k for k in (2, 4, 8, 16) if k <= n})
+    subsets = int(eval_option(cfg, "vote_subsets"))
+    verifier = verifier or task_verifier(rt.config)
+    filter_verifier = eval_option(cfg, "best_of_verifier") or None
+    equivalence = bool(eval_option(cfg, "answer_equivalence"))
+    report: dict[str, Any] = {"sets": {}, "curves": {}, "config": {
+        "num_samples": n, "seeds": list(cfg.seeds), "temperature": cfg.temperature,
+        "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "vote_subsets": subsets,
+        "best_of_verifier": filter_verifier, "answer_equivalence": equivalence}}
+    weights = {verifier: 1.0}
+    if filter_verifier is not None and filter_verifier != verifier:
+        weights[filter_verifier] = 0.0
+    verdicts: dict[str, np.ndarray] = {}
+    options = config_options(rt.config)  # the same verifier options as training
+    with RewardPool(weights, options=options, num_workers=rt.config.rewards.num_workers,
+                    timeout_s=rt.config.rewards.timeout_s) as pool, \
+            ProgressBar(len(sets) * len(cfg.seeds), f"eval{label}", enabled=progress) as bar:
+        for name, examples in sets.items():
+            per_seed, curves, correct = [], [], []
+            for seed in cfg.seeds:
+                res = sample_and_verify(rt, params, examples, pool, seed=seed, num_samples=n,
+                                        temperature=cfg.temperature, top_p=cfg.top_p,
+                                        max_new_tokens=cfg.max_new_tokens,
+                                        batch_prompts=cfg.batch_prompts, verifier=verifier,
+                                        filter_verifier=filter_verifier,
+                                        answer_equivalence=equivalence,
+                                        equivalence_options=options.get("correctness"))
+                per_seed.append(evaluation.seed_metrics(
+                    res["correct"], res["answers"], res["lengths"], ks, scores=res["scores"],
+                    num_subsets=subsets, seed=seed))
+                curves.append(evaluation.accuracy_curve(
+                    res["correct"], res["answers"], res["scores"], num_subsets=subsets,
+                    seed=seed))
+                correct.append(res["correct"])
+                bar.update(1)
+            report["sets"][name] = evaluation.summarize_seeds(per_seed)
+            report["curves"][name] = evaluation.summarize_curves(curves)
+            verdicts[name] = np.stack(correct)
+    return report, verdicts
+
+
+def _plot_panels(path: str, panels: Mapping[str, tuple[Sequence[int], Mapping[str, Any]]], *,
+                 xlabel: str, ylabel: str, ticks=None) -> str | None:
+    """One panel per set: each series' mean (x100) against k on a log2 axis with its 95%
+    interval shaded, saved as a PNG at `path`. `panels`: {set: (ks, {label: {"mean": [K],
+    "ci95": [K]}})}; `ticks(ks)` gives the x ticks (default: every k). Returns the path, or
+    None when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (name, (ks, series)) in zip(axes[0], panels.items()):
+        ks = np.asarray(ks)
+        for label, values in series.items():
+            mean = 100 * np.asarray(values["mean"], float)
+            half = 100 * np.nan_to_num(np.asarray(values["ci95"], float))
+            ax.plot(ks, mean, marker="o", markersize=3, label=label)
+            ax.fill_between(ks, mean - half, mean + half, alpha=0.2)
+        ax.set_xscale("log", base=2)
+        shown = ks if ticks is None else ticks(ks)
+        ax.set_xticks(shown, [str(k) for k in shown])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(report: Mapping[str, Any], path: str) -> str | None:
+    """Draws each set's accuracy curves (pass@k, maj@k, best_of@k against k, log2 axis,
+    95% intervals shaded) into one PNG at `path`; returns the path, or None when matplotlib
+    is not installed or the report has no curves."""
+    curves = report.get("curves") or {}
+    if not curves:
+        return None
+    panels = {name: (curve["k"], {m: curve[m] for m in ("pass@k", "maj@k", "best_of@k")
+                                  if m in curve})
+              for name, curve in curves.items()}
+    return _plot_panels(path, panels, xlabel="samples per problem (k)",
+                        ylabel="accuracy (%)")
+
+
+def format_curves(report: Mapping[str, Any]) -> str:
+    """The curves as text, one line per set and metric: 'set  maj@k  k=1: 41.0  k=2: ...'."""
+    lines = []
+    for name, curve in (report.get("curves") or {}).items():
+        for metric, values in curve.items():
+            if metric == "k":
+                continue
+            cells = "  ".join(f"k={k}: {100 * m:.1f}" for k, m in zip(curve["k"], values["mean"]))
+            lines.append(f"{name}  {metric}  {cells}")
+    return "\n".join(lines)
+
+
+def report_metrics(num_samples: int) -> list[str]:
+    """The metric columns of the printed table for n samples per problem."""
+    cols = [m.format(n=num_samples) for m in REPORT_METRICS]
+    return list(dict.fromkeys(c for c in cols if num_samples > 1 or "@1" in c or "@" not in c))
+
+
+def comparison_table(reports: Mapping[str, Mapping[str, Any]], num_samples: int,
+                     show_std: bool = False) -> str:
+    """One markdown table: rows '<checkpoint>: <set>', columns `report_metrics`; with
+    `show_std` each cell also gives the standard deviation over seeds."""
+    rows = {f"{ckpt}: {name}": summary for ckpt, rep in reports.items()
+            for name, summary in rep["sets"].items()}
+    return evaluation.format_table(rows, report_metrics(num_samples), show_std=show_std)
+
+
+def write_report(path: str, reports: Mapping[str, Any]) -> None:
+    """Writes the JSON report (atomically: temp file + rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(reports, f, indent=1, default=float)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- eval options
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """The sampling seeds of `--seeds`: "N" = seeds 0..N-1; "a,b,c" = those seeds (one
+    given seed: "7,"). ValueError for anything else (non-integers, negatives, repeats, N < 1).
+    """
+    text = str(text).strip()
+    if not text:
+        raise ValueError("--seeds: give a count N (seeds 0..N-1) or a list such as 0,1,2")
+    parts = [p.strip() for p in text.split(",")]
+    is_list = len(parts) > 1
+    parts = [p for p in parts if p] if is_list else parts
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--seeds: expected a count N or a comma-separated list of integers, "
+                         f"got {text!r}") from None
+    if not is_list:
+        if values[0] < 1:
+            raise ValueError(f"--seeds: the number of seeds must be >= 1, got {values[0]}")
+        return tuple(range(values[0]))
+    if not values or any(v < 0 for v in values):
+        raise ValueError(f"--seeds: seeds must be integers >= 0, got {text!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"--seeds: seeds repeat in {text!r} (a repeated seed draws the very "
+                         "same samples and would shrink the interval falsely)")
+    return tuple(values)
+
+
+def with_eval_overrides(config: ml_collections.ConfigDict, *,
+                        seeds: Sequence[int] | None = None, num_samples: int | None = None,
+                        num_problems: int | None = None) -> ml_collections.ConfigDict:
+    """An unlocked copy of `config` with `eval.seeds` / `eval.num_samples` /
+    `eval.num_problems` replaced where given (None keeps the config's); ValueError for a
+    count below 1."""
+    for name, value in (("num_samples", num_samples), ("num_problems", num_problems)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"--{name}: must be an integer >= 1, got {value!r}")
+    out = ml_collections.ConfigDict(config.to_dict())
+    if seeds is not None:
+        out.eval.seeds = tuple(int(s) for s in seeds)
+    if num_samples is not None:
+        out.eval.num_samples = int(num_samples)
+    if num_problems is not None:
+        out.eval.num_problems = int(num_problems)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What `load_checkpoint` read: the runtime, the params and where they came from.
+
+    Attributes:
+      rt: the Runtime (the checkpoint's tokenizer, the given or stored config).
+      params: the params pytree, laid out on `rt.mesh`.
+      directory: the phase checkpoint directory (`run_state.resolve_checkpoint_dir`).
+      step: the checkpoint step the params and metadata come from.
+      skipped: {step: [problem, ...]} of damaged newer steps skipped to reach `step`.
+    """
+
+    rt: Runtime
+    params: Any
+    directory: str
+    step: int
+    skipped: dict[int, list[str]]
+
+
+def load_checkpoint(path: str, config: ml_collections.ConfigDict | None = None,
+                    overrides: Mapping[str, Any] | None = None,
+                    reuse: Runtime | None = None) -> LoadedCheckpoint:
+    """The newest usable step of a run workdir or phase checkpoint, for evaluation.
+
+    The runtime uses the checkpoint's own tokenizer and, unless `config` is given, the
+    config stored in the checkpoint; `overrides` are `with_eval_overrides` keywords. With
+    `reuse`, that runtime is returned when the checkpoint has the same tokenizer and model
+    (the SFT and RL checkpoints of one run), so its compiled sampler serves both. Metadata
+    and params come from one step: the newest whose metadata and arrays verify; damaged
+    newer steps are reported on stderr (process 0) and listed in `skipped`.
+    Raises FileNotFoundError / ValueError naming the path (CheckpointCorruptError when
+    every step is damaged).
+    """
+    from jaxrl_reason.checkpoints.checkpointer import CheckpointCorruptError, Checkpointer
+    from jaxrl_reason.checkpoints.phases import resolve_checkpoint_dir
+
+    directory = resolve_checkpoint_dir(path)
+    with Checkpointer(directory) as ckpt:
+        steps = ckpt.all_steps()[::-1]
+    skipped: dict[int, list[str]] = {}
+    for i, step in enumerate(steps):
+        try:
+            rt, params = _load_step(directory, step, config, overrides, reuse)
+        except CheckpointCorruptError as e:
+            skipped.update(e.problems)
+            if jax.process_index() == 0:
+                nxt = f"falling back to step {steps[i + 1]}" if i + 1 < len(steps) else \
+                    "no older step left"
+                print(f"[checkpoint] {directory}: step {step} is damaged (left in place): "
+                      f"{'; '.join(e.problems.get(step, [str(e)])[:3])}; {nxt}",
+                      file=sys.stderr, flush=True)
+            continue
+        return LoadedCheckpoint(rt, params, directory, step, skipped)
+    raise CheckpointCorruptError(
+        f"no usable checkpoint in {directory}: all {len(skipped)} complete steps are damaged "
+        f"({sorted(skipped)})", directory, skipped)
+
+
+def _load_step(directory: str, step: int, config, overrides, reuse):
+    """(Runtime, params) of one checkpoint step; CheckpointCorruptError when it is damaged."""
+    from jaxrl_reason.checkpoints.checkpointer import Checkpointer
+    from jaxrl_reason.checkpoints.phases import load_params
+    from jaxrl_reason.runtime.build import build_runtime
+    from jaxrl_reason.tokenizers import tokenizer_from_serialized
+
+    with Checkpointer(directory) as ckpt:
+        meta = ckpt.metadata(step)
+    if config is None:
+        stored = meta.get("config")
+        if not stored:
+            raise ValueError(f"checkpoint {directory} holds no config; pass --config")
+        config = ml_collections.ConfigDict(json.loads(stored))
+    config = with_eval_overrides(config, **dict(overrides or {}))
+    # The checkpoint's own tokenizer: never train or write one next to a checkpoint.
+    tokenizer = tokenizer_from_serialized(meta["tokenizer"])
+    rt = reuse
+    if rt is None or rt.tokenizer.serialized != tokenizer.serialized:
+        rt = build_runtime(config, directory, tokenizer=tokenizer)
+    params, model_cfg, _, _ = load_params(directory, rt.mesh, rt.rules, step=step)
+    if rt is reuse and model_cfg != rt.model_cfg:  # another architecture: its own runtime
+        rt = build_runtime(config, directory, tokenizer=tokenizer)
+        params, _, _, _ = load_params(directory, rt.mesh, rt.rules, step=step)
+    return rt, params
+
+
+def load_for_eval(path: str, config: ml_collections.ConfigDict | None = None,
+                  overrides: Mapping[str, Any] | None = None, reuse: Runtime | None = None):
+    """(Runtime, params, checkpoint directory) of `load_checkpoint` (which also says the
+    step used)."""
+    loaded = load_checkpoint(path, config, overrides, reuse)
+    return loaded.rt, loaded.params, loaded.directory
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def compare(rt_a: Runtime, params_a, rt_b: Runtime, params_b,
+            sets: Mapping[str, Sequence[Mapping]] | None = None, *,
+            eval_cfg: ml_collections.ConfigDict | None = None, num_resamples: int = 10_000,
+            bootstrap_seed: int = 0, labels: Sequence[str] = ("A", "B"),
+            progress: bool = True) -> dict[str, Any]:
+    """Evaluates checkpoints A and B on the same problems and seeds and tests the difference.
+
+    Both are sampled with `eval_cfg` (default A's `config.eval`) on `sets` (default A's
+    held-out sets) and judged by A's task verifier. For every set and every k in
+    {1, 2, 4, ..., n} the per-problem unbiased pass@k [P, S] of A and of B go through
+    `comparison.paired_bootstrap` (B - A; problems and seeds resampled, paired).
+
+    Returns {"labels": [A, B], "config": A's eval report config,
+             "reports": {A: evaluate-style report, B: ...},
+             "tests": {set: {"pass@k": paired_bootstrap(...) output}},
+             "pass_at_k": {set: {"k": [1..n], A: {"mean", "ci95"}, B: {...}}}}.
+    """
+    cfg = eval_cfg or rt_a.config.eval
+    sets = eval_sets(rt_a.config) if sets is None else sets
+    verifier = task_verifier(rt_a.config)
+    label_a, label_b = labels
+    if label_a == label_b:
+        raise ValueError(f"compare: the two labels must differ, got {labels!r}")
+    report_a, correct_a = evaluate_samples(rt_a, params_a, sets, eval_cfg=cfg,
+                                           label=f"/{label_a}", progress=progress,
+                                           verifier=verifier)
+    report_b, correct_b = evaluate_samples(rt_b, params_b, sets, eval_cfg=cfg,
+                                           label=f"/{label_b}", progress=progress,
+                                           verifier=verifier)
+    n = cfg.num_samples
+    ks = evaluation.curve_ks(n)
+    tests, curves = {}, {}
+    for name in sets:
+        tests[name] = {
+            f"pass@{k}": comparison.paired_bootstrap(
+                comparison.problem_scores(correct_a[name], k),
+                comparison.problem_scores(correct_b[name], k),
+                num_resamples=num_resamples, seed=bootstrap_seed)
+            for k in ks}
+        curve_a = comparison.pass_at_k_curves(correct_a[name])
+        curve_b = comparison.pass_at_k_curves(correct_b[name])
+        curves[name] = {"k": curve_a["k"],
+                        label_a: {"mean": curve_a["mean"], "ci95": curve_a["ci95"]},
+                        label_b: {"mean": curve_b["mean"], "ci95": curve_b["ci95"]}}
+    return {"labels": [label_a, label_b], "config": report_a["config"],
+            "reports": {label_a: report_a, label_b: report_b}, "tests": tests,
+            "pass_at_k": curves}
+
+
+def format_pass_at_k(result: Mapping[str, Any]) -> str:
+    """`compare`'s pass@k curves as text: one line per set and checkpoint,
+    'set  A  k=1: 49.9  k=2: 58.1 ...' (percent, means over seeds)."""
+    lines = []
+    for name, curve in result["pass_at_k"].items():
+        for label in result["labels"]:
+            cells = "  ".join(f"k={k}: {100 * m:.1f}"
+                              for k, m in zip(curve["k"], curve[label]["mean"]))
+            lines.append(f"{name}  {label}  {cells}")
+    return "\n".join(lines)
+
+
+def plot_pass_at_k(result: Mapping[str, Any], path: str) -> str | None:
+    """Draws `compare`'s pass@k curves (k = 1..n, log2 axis, 95% intervals over seeds
+    shaded), both checkpoints on one panel per set, into a PNG at `path`; returns the path,
+    or None when matplotlib is not installed (the numbers are in the JSON report)."""
+    panels = {name: (curve["k"], {label: curve[label] for label in result["labels"]})
+              for name, curve in result["pass_at_k"].items()}
+    return _plot_panels(path, panels, xlabel="k (samples per problem)", ylabel="pass@k (%)",
+                        ticks=lambda ks: evaluation.curve_ks(int(ks[-1])))

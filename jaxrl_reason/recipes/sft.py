@@ -1,0 +1,171 @@
+"""Cold-start supervised fine-tuning: masked next-token loss on completions only.
+
+The batch layout is the RL trainer's (prompts left-padded to a bucket, completions
+right-padded and ending with EOS), so SFT, RL and evaluation score sequences with the same
+`completion_logprobs`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_reason.runtime import distributed
+from jaxrl_reason.runtime import sharding as shd
+from jaxrl_reason.kernels import platform
+from jaxrl_reason.data.pipeline import example_iterator
+from jaxrl_reason.runtime.metrics import MetricsWriter, format_line
+from jaxrl_reason.models.lora_params import for_training
+from jaxrl_reason.models.params import init_params
+from jaxrl_reason.models.scoring import completion_logprobs
+from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requested
+from jaxrl_reason.runtime.progress import ProgressBar
+from jaxrl_reason.data.tasks import task_source
+from jaxrl_reason.runtime.build import Runtime
+from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
+from jaxrl_reason.sampling.sampler import right_pad, round_up
+from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
+                                      create_train_state, learning_rate_schedule,
+                                      make_optimizer, value_and_grad)
+
+
+def sft_examples(source: Sequence[Mapping[str, Any]], limit: int) -> Sequence[Mapping[str, Any]]:
+    """The SFT data: `source` itself when its size is at most `limit` and its first example
+    has a "completion" (procedural tasks); otherwise the first `limit` examples that have
+    one (file tasks, where records without a worked solution serve RL only). ValueError when
+    none has a completion."""
+    if len(source) <= limit and len(source) and "completion" in source[0]:
+        return source
+    out = []
+    for i in range(len(source)):
+        example = source[i]
+        if isinstance(example.get("completion"), str):
+            out.append(example)
+            if len(out) == limit:
+                break
+    if not out:
+        raise ValueError("cold-start SFT: no training example has a 'completion' (or a "
+                         "'solution' to build one from); give such records, or skip the "
+                         "cold start with --init_checkpoint")
+    return out
+
+
+def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion_length: int,
+              length_bucket: int | None = None) -> dict[str, np.ndarray]:
+    """Tokenizes (prompt, completion) examples into the padded SFT batch.
+
+    Completions are padded to Lc = the longest completion (with EOS) rounded up to a multiple
+    of `length_bucket`, capped at `max_completion_length` (Lc = max_completion_length when
+    `length_bucket` is None), so a run compiles one step per bucket and does not pay for
+    padding up to the longest possible trace.
+
+    Returns numpy arrays: prompt_tokens int32 [B, Tp], prompt_valid bool [B, Tp],
+    completion_tokens int32 [B, Lc], completion_mask f32 [B, Lc].
+    Raises ValueError naming the example whose completion does not fit.
+    """
+    prompt_tokens, prompt_valid = rt.encode_prompts(examples)
+    encoded = [rt.tokenizer.encode(example["completion"], add_eos=True) for example in examples]
+    for i, (example, ids) in enumerate(zip(examples, encoded)):
+        if len(ids) > max_completion_length:
+            raise ValueError(
+                f"SFT completion of example {example.get('id', i)!r} has {len(ids)} tokens, "
+                f"more than sft.max_completion_length={max_completion_length}")
+    length = max_completion_length
+    if length_bucket:
+        longest = max(len(ids) for ids in encoded)
+        length = min(round_up(longest, length_bucket), max_completion_length)
+    tokens, mask = right_pad(encoded, length, rt.tokenizer.pad_id)
+    return {"prompt_tokens": prompt_tokens, "prompt_valid": prompt_valid,
+            "completion_tokens": tokens, "completion_mask": mask}
+
+
+def sft_loss(model, params, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean negative log-likelihood over completion tokens. Returns (loss f32 [], metrics)."""
+    logp, _ = completion_logprobs(model, params, batch["prompt_tokens"], batch["prompt_valid"],
+                                  batch["completion_tokens"], batch["completion_mask"],
+                                  with_entropy=False)
+    tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
+    loss = -jnp.sum(logp) / tokens
+    return loss, {"loss": loss, "tokens": tokens}
+
+
+def make_sft_step(model, optimizer, mesh=None, rules=()):
+    """The jitted, state-donating SFT update: (state, batch) -> (state, metrics).
+    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`)."""
+
+    def step(state: TrainState, batch):
+        # only the LoRA adapters when the params hold any (train_state.value_and_grad)
+        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
+        (loss, metrics), grads = grad_fn(state.params)
+        state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
+        return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
+
+    return jax.jit(shd.with_activation_sharding(step, mesh, rules), donate_argnums=0,
+                   compiler_options=platform.compiler_options("dense", mesh))
+
+
+def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
+            resume: bool = True) -> Any:
+    """Runs the cold-start SFT phase of `rt.config.sft` and returns the trained params.
+
+    Starts from `params` (random init from config.seed when None). With `resume`, continues
+    from the newest complete checkpoint in `<workdir>/checkpoints/sft`; a finished phase is
+    not re-run.
+    """
+    cfg = rt.config.sft
+    optimizer = make_optimizer(
+        learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.steps, "cosine"),
+        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+    # A run with model.lora trains adapters in SFT only with sft.lora (else SFT fully
+    # fine-tunes the plain base, e.g. a cold start from random weights, and RL adds them).
+    lora = rt.model_cfg.lora is not None and bool(cfg.get("lora", False))
+    if params is None:
+        plain = rt.model_cfg if lora else rt.model_cfg.replace(lora=None)
+        params = init_params(plain, jax.random.key(rt.config.seed), rt.mesh, rt.rules)
+    if lora:
+        params = for_training(rt.model_cfg, params, jax.random.key(rt.config.seed + 1),
+                              rt.mesh, rt.rules)
+    state = create_train_state(params, optimizer)
+    source = sft_examples(task_source(rt.config, "train", rt.config.task.train_levels,
+                                      cfg.num_examples, seed=rt.config.seed), cfg.num_examples)
+    data = example_iterator(source, batch_size=cfg.batch_size, seed=rt.config.seed)
+
+    ckpt = PhaseCheckpointer(rt, "sft")
+    restored = ckpt.restore_latest(state) if resume else None
+    start = 0
+    if restored is not None:
+        state, meta = restored
+        data.set_state(meta["data_iterator"])
+        # The loop's step (skipped updates leave the optimizer's step count behind).
+        start = int(meta.get("step", int(state.step)))
+    if start >= cfg.steps:
+        return state.params
+
+    writer.truncate("sft", after_step=start)  # a resumed run rewrites the steps it redoes
+    step_fn = make_sft_step(rt.model, optimizer, rt.mesh, rt.rules)
+    guard = SkipGuard("sft", rt.config.guards.max_consecutive_skips)
+    with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
+        bar.update(start)
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.time()
+            examples = next(data)
+            batch = sft_batch(rt, examples, cfg.max_completion_length, cfg.length_bucket)
+            state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
+            metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
+            metrics["step_time_s"] = time.time() - t0
+            writer.write(step, metrics, phase="sft")
+            bar.update(1, format_line(step, metrics, keys=("loss", "grad_norm")))
+            guard.update(step, metrics["update_skipped"] > 0, "non-finite loss or gradient",
+                         (e.get("id") for e in examples))
+            if step % rt.config.checkpoint.every_steps == 0 or step == cfg.steps \
+                    or stop_requested():
+                ckpt.save(step, state, data.get_state(), extra_meta={"step": step})
+            if stop_requested() and step < cfg.steps:
+                ckpt.close()
+                raise Preempted("sft", step)
+    ckpt.close()
+    return state.params
