@@ -59,10 +59,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxrl_reason.runtime import paths
-from jaxrl_reason.checkpoints.manifest import (  # noqa: F401 (public names re-exported)
-    _METADATA_ITEM, _PRIMARY_HOST, _STATE_ITEM, MANIFEST_FORMAT, MANIFEST_NAME,
-    CheckpointCorruptError, _array_entries, _check_leaf, _compare_to_manifest, _Damaged,
-    _file_entries, _read_manifest, _short, _verify_files, _write_manifest, abstract_like,
+from jaxrl_reason.checkpoints.manifest import (
+    METADATA_ITEM, PRIMARY_HOST, STATE_ITEM, MANIFEST_FORMAT, MANIFEST_NAME,
+    CheckpointCorruptError, array_entries, check_leaf, compare_to_manifest, Damaged,
+    file_entries, read_manifest, short_error, verify_files, write_manifest, abstract_like,
     decode_metadata, encode_metadata, metadata_checksum)
 
 PyTree = Any
@@ -177,7 +177,7 @@ class Checkpointer:
             return [self._manifest_problem(step)]
         if manifest["format"] < 2:
             return []
-        return _verify_files(step_dir, manifest, items)
+        return verify_files(step_dir, manifest, items)
 
     def latest_good_step(self) -> int | None:
         """The newest complete step whose files and metadata verify, or None.
@@ -221,9 +221,9 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         step = int(step)
-        jax.tree_util.tree_map_with_path(_check_leaf, state)
+        jax.tree_util.tree_map_with_path(check_leaf, state)
         encoded = encode_metadata(metadata)
-        manifest = {"format": MANIFEST_FORMAT, "step": step, "arrays": _array_entries(state),
+        manifest = {"format": MANIFEST_FORMAT, "step": step, "arrays": array_entries(state),
                     "metadata_sha256": metadata_checksum(encoded),
                     "orbax_version": ocp.__version__, "saved_at_unix": time.time()}
 
@@ -237,8 +237,8 @@ class Checkpointer:
                 f"saved step {latest} (steps present: {sorted(mngr.all_steps())})")
         if step == latest:
             return False  # already saved, e.g. the step a resumed run restored
-        items = {_STATE_ITEM: ocp.args.StandardSave(state),
-                 _METADATA_ITEM: ocp.args.JsonSave(encoded)}
+        items = {STATE_ITEM: ocp.args.StandardSave(state),
+                 METADATA_ITEM: ocp.args.JsonSave(encoded)}
         try:
             saved = mngr.save(step, args=ocp.args.Composite(**items), force=force)
         except OSError as e:  # read-only or full storage: say where, not only orbax's errno
@@ -262,7 +262,7 @@ class Checkpointer:
                        + [(s, "corrupt") for s in self._bad_steps if s >= at_or_after])
         if not moves:
             return
-        if ocp.multihost.is_primary_host(_PRIMARY_HOST):
+        if ocp.multihost.is_primary_host(PRIMARY_HOST):
             for s, suffix in moves:
                 src = self._step_dir(s)
                 if src.exists():
@@ -326,16 +326,16 @@ class Checkpointer:
         def attempt(s: int):
             manifest, encoded = self._check_step(s, None)
             abstract = abstract_like(make_target(decode_metadata(encoded)))
-            _compare_to_manifest(manifest, abstract, f"{self._step_dir(s)}", partial)
+            compare_to_manifest(manifest, abstract, f"{self._step_dir(s)}", partial)
             state_args = (ocp.args.PyTreeRestore(
                 abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                 partial_restore=True) if partial else ocp.args.StandardRestore(abstract))
             problems, restored = [], None
             try:
                 restored = self._manager().restore(
-                    s, args=ocp.args.Composite(**{_STATE_ITEM: state_args}))[_STATE_ITEM]
+                    s, args=ocp.args.Composite(**{STATE_ITEM: state_args}))[STATE_ITEM]
             except Exception as e:  # noqa: BLE001 (any orbax/TensorStore read error)
-                problems = [f"{_STATE_ITEM}/: orbax could not restore it: {_short(e)}"]
+                problems = [f"{STATE_ITEM}/: orbax could not restore it: {short_error(e)}"]
             self._raise_if_damaged(problems)
             return restored, decode_metadata(encoded)
 
@@ -355,36 +355,36 @@ class Checkpointer:
             CheckpointCorruptError: the metadata of `step` (or of every step) is damaged.
         """
         _, (_, encoded) = self._first_good(
-            step, lambda s: self._check_step(s, (_METADATA_ITEM,)))
+            step, lambda s: self._check_step(s, (METADATA_ITEM,)))
         return decode_metadata(encoded)
 
     def _check_step(self, step: int, items: Sequence[str] | None) -> tuple[dict, dict]:
         """(manifest, encoded metadata) of a step whose files (of `items`) and metadata
-        checksum are intact; raises _Damaged otherwise. Collective on multi-host: the
+        checksum are intact; raises Damaged otherwise. Collective on multi-host: the
         primary hashes the files, every process reads the metadata, all agree."""
-        primary = ocp.multihost.is_primary_host(_PRIMARY_HOST)
+        primary = ocp.multihost.is_primary_host(PRIMARY_HOST)
         self._raise_if_damaged(self.verify(step, items=items) if primary else [])
         manifest = self._manifest(step)
         problems, encoded = [], None
         try:
             encoded = self._manager().restore(
-                step, args=ocp.args.Composite(**{_METADATA_ITEM: ocp.args.JsonRestore()})
-            )[_METADATA_ITEM]
+                step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()})
+            )[METADATA_ITEM]
         except Exception as e:  # noqa: BLE001 (bad JSON, missing file, orbax errors)
-            problems = [f"{_METADATA_ITEM}/: orbax could not read it: {_short(e)}"]
+            problems = [f"{METADATA_ITEM}/: orbax could not read it: {short_error(e)}"]
         else:
             if manifest is None:
                 problems = [self._manifest_problem(step)]
             elif not isinstance(encoded, dict):
-                problems = [f"{_METADATA_ITEM}/: holds a {type(encoded).__name__}, not a dict"]
+                problems = [f"{METADATA_ITEM}/: holds a {type(encoded).__name__}, not a dict"]
             elif metadata_checksum(encoded) != manifest["metadata_sha256"]:
-                problems = [f"{_METADATA_ITEM}/: does not match the metadata checksum in "
+                problems = [f"{METADATA_ITEM}/: does not match the metadata checksum in "
                             f"{MANIFEST_NAME} (modified or corrupted)"]
         self._raise_if_damaged(problems)
         return manifest, encoded
 
     def _raise_if_damaged(self, problems: list[str]) -> None:
-        """Raises _Damaged when `problems` is non-empty on any process (all processes call
+        """Raises Damaged when `problems` is non-empty on any process (all processes call
         this at the same points; with one process it is local)."""
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
@@ -393,11 +393,11 @@ class Checkpointer:
             if bad and not problems:
                 problems = [f"damaged according to process(es) {bad} (see their log)"]
         if problems:
-            raise _Damaged(problems)
+            raise Damaged(problems)
 
     def _first_good(self, step: int | None, attempt: Callable[[int], Any]) -> tuple[int, Any]:
         """(step, attempt(step)) for the given step, or without one for the newest complete
-        step whose attempt does not raise _Damaged; logs and records the damaged ones."""
+        step whose attempt does not raise Damaged; logs and records the damaged ones."""
         if not self._directory.exists():
             raise FileNotFoundError(f"checkpoint directory {self._directory} does not exist")
         available = self.all_steps()
@@ -425,7 +425,7 @@ class Checkpointer:
         for i, s in enumerate(candidates):
             try:
                 result = attempt(s)
-            except _Damaged as e:
+            except Damaged as e:
                 skipped[s] = self._bad_steps[s] = e.problems
                 if step is not None:
                     raise CheckpointCorruptError(
@@ -483,7 +483,7 @@ class Checkpointer:
         return self._directory / str(step)
 
     def _manifest(self, step: int) -> dict | None:
-        return _read_manifest(self._step_dir(step), step)
+        return read_manifest(self._step_dir(step), step)
 
     def _manifest_problem(self, step: int) -> str:
         """Why a step has no valid manifest (for messages)."""
@@ -515,11 +515,11 @@ class Checkpointer:
         finalized = set(self._mngr.all_steps())
         for s in steps:
             manifest = self._pending.pop(s)
-            if (s in finalized and ocp.multihost.is_primary_host(_PRIMARY_HOST)
+            if (s in finalized and ocp.multihost.is_primary_host(PRIMARY_HOST)
                     and self._step_dir(s).exists()):
                 # Orbax has finalized the step: its files no longer change.
-                manifest["files"] = _file_entries(self._step_dir(s))
-                _write_manifest(self._step_dir(s), manifest)
+                manifest["files"] = file_entries(self._step_dir(s))
+                write_manifest(self._step_dir(s), manifest)
 
     def _barrier(self, name: str) -> None:
         """Synchronizes all processes (no-op with one process); names are unique per call."""

@@ -35,14 +35,14 @@ _READ_FORMATS = (1, 2)
 _HASH_CHUNK = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_REASON_CHARS = 400
-_STATE_ITEM = "state"
-_METADATA_ITEM = "metadata"
+STATE_ITEM = "state"
+METADATA_ITEM = "metadata"
 _BYTES_TAG = "__bytes_base64__"
-_PRIMARY_HOST = 0
-_ITEMS = (_STATE_ITEM, _METADATA_ITEM)
+PRIMARY_HOST = 0
+_ITEMS = (STATE_ITEM, METADATA_ITEM)
 
 
-class _Damaged(Exception):
+class Damaged(Exception):
     """Internal: a step failed a check; `problems` says why."""
 
     def __init__(self, problems: list[str]):
@@ -85,7 +85,7 @@ def abstract_like(tree: PyTree) -> PyTree:
     def one(path, x):
         if isinstance(x, jax.ShapeDtypeStruct):
             return x
-        _check_leaf(path, x)
+        check_leaf(path, x)
         if isinstance(x, jax.Array):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         arr = np.asarray(x)
@@ -94,7 +94,7 @@ def abstract_like(tree: PyTree) -> PyTree:
     return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def _check_leaf(path, x) -> None:
+def check_leaf(path, x) -> None:
     """Raises TypeError unless `x` is an array leaf that orbax can save."""
     where = jax.tree_util.keystr(path) or "<root>"
     if isinstance(x, jax.Array):
@@ -112,7 +112,7 @@ def _check_leaf(path, x) -> None:
         "or scalar (put strings and other non-array values in `metadata`)")
 
 
-def _array_entries(tree: PyTree) -> list[dict]:
+def array_entries(tree: PyTree) -> list[dict]:
     """[{"path", "shape", "dtype"}] for every leaf of an array or ShapeDtypeStruct tree."""
     entries = []
     for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -184,7 +184,7 @@ def metadata_checksum(encoded: dict) -> str:
 # ---------------------------------------------------------------- manifest files
 
 
-def _read_manifest(step_dir: epath.Path, step: int) -> dict | None:
+def read_manifest(step_dir: epath.Path, step: int) -> dict | None:
     """The manifest of a step directory, or None when missing or invalid."""
     path = step_dir / MANIFEST_NAME
     try:
@@ -222,7 +222,7 @@ def _valid_file_entries(files) -> bool:
     return True
 
 
-def _write_manifest(step_dir: epath.Path, manifest: dict) -> None:
+def write_manifest(step_dir: epath.Path, manifest: dict) -> None:
     """Writes the manifest to a temporary name, then renames it into place."""
     tmp = step_dir / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
@@ -288,7 +288,7 @@ def _hash_file(path: epath.Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _file_entries(step_dir: epath.Path) -> list[dict]:
+def file_entries(step_dir: epath.Path) -> list[dict]:
     """[{"path", "size", "sha256"}] of every file of a finalized step directory."""
     entries = []
     for rel, path in _step_files(step_dir).items():
@@ -297,7 +297,7 @@ def _file_entries(step_dir: epath.Path) -> list[dict]:
     return entries
 
 
-def _verify_files(step_dir: epath.Path, manifest: dict,
+def verify_files(step_dir: epath.Path, manifest: dict,
                   items: Sequence[str] | None = None) -> list[str]:
     """Problems of the files of a step directory against its manifest (format 2).
 
@@ -313,7 +313,7 @@ def _verify_files(step_dir: epath.Path, manifest: dict,
     except SymlinkOutsideError as e:
         return [str(e)]
     except OSError as e:
-        return [f"cannot list the files: {_short(e)}"]
+        return [f"cannot list the files: {short_error(e)}"]
     problems = []
     expected = {e["path"]: e for e in manifest["files"] if wanted(e["path"])}
     for rel, entry in expected.items():
@@ -329,7 +329,7 @@ def _verify_files(step_dir: epath.Path, manifest: dict,
                 continue
             size, sha = _hash_file(path)
         except OSError as e:
-            problems.append(f"{rel}: cannot be read: {_short(e)}")
+            problems.append(f"{rel}: cannot be read: {short_error(e)}")
             continue
         if size != entry["size"]:
             problems.append(f"{rel}: {size} bytes read, expected {entry['size']}")
@@ -342,20 +342,20 @@ def _verify_files(step_dir: epath.Path, manifest: dict,
     return problems
 
 
-def _short(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
     """A one-line, bounded description of an exception."""
     text = " ".join(f"{type(e).__name__}: {e}".split())
     return text if len(text) <= _MAX_REASON_CHARS else text[:_MAX_REASON_CHARS] + " ..."
 
 
-def _compare_to_manifest(manifest: dict, abstract: PyTree, where: str,
+def compare_to_manifest(manifest: dict, abstract: PyTree, where: str,
                          partial: bool = False) -> None:
     """Raises ValueError when the abstract tree's paths or shapes differ from the manifest.
 
     With `partial`, the abstract tree may hold a subset of the saved paths.
     """
     saved = {e["path"]: e["shape"] for e in manifest["arrays"]}
-    wanted = {e["path"]: e["shape"] for e in _array_entries(abstract)}
+    wanted = {e["path"]: e["shape"] for e in array_entries(abstract)}
     problems = [] if partial else [
         f"missing from abstract_state: {p}" for p in saved if p not in wanted]
     problems += [f"not in the checkpoint: {p}" for p in wanted if p not in saved]

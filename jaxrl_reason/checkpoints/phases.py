@@ -26,7 +26,8 @@ from typing import Any
 import jax
 
 from jaxrl_reason.runtime import paths
-from jaxrl_reason.checkpoints.checkpointer import Checkpointer, abstract_like
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer
+from jaxrl_reason.checkpoints.manifest import abstract_like
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models import lora as lora_lib, lora_params
 from jaxrl_reason.models.params import abstract_params, init_params, param_shardings, to_layout

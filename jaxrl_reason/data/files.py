@@ -301,7 +301,7 @@ def _encodable(text: Any) -> bool:
     return True
 
 
-def _jsonl_records(path: str) -> Iterator[tuple[str, int, Any]]:
+def jsonl_records(path: str) -> Iterator[tuple[str, int, Any]]:
     """(location, line number, record or _Malformed) per non-blank line."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -411,7 +411,7 @@ def read_examples(
     for file in files:
         fmt = _file_format(file, format)
         stem = os.path.splitext(os.path.basename(file))[0]
-        records = _jsonl_records(file) if fmt == "jsonl" else _parquet_records(file)
+        records = jsonl_records(file) if fmt == "jsonl" else _parquet_records(file)
         for where, number, record in records:
             try:
                 if isinstance(record, _Malformed):

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from jaxrl_reason.data import arithmetic
-from jaxrl_reason.data.files import _jsonl_records
+from jaxrl_reason.data.files import jsonl_records
 
 Pair = dict[str, Any]  # {"id": str, "prompt": str, "chosen": str, "rejected": str, "margin": float}
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -72,7 +72,7 @@ def read_preference_pairs(path: str | os.PathLike) -> list[Pair]:
         raise FileNotFoundError(f"{path}: no such file")
     stem = os.path.splitext(os.path.basename(path))[0]
     pairs = []
-    for where, line, record in _jsonl_records(path):
+    for where, line, record in jsonl_records(path):
         try:
             if isinstance(record, Exception):
                 raise record

@@ -377,7 +377,8 @@ def load_checkpoint(path: str, config: ml_collections.ConfigDict | None = None,
     Raises FileNotFoundError / ValueError naming the path (CheckpointCorruptError when
     every step is damaged).
     """
-    from jaxrl_reason.checkpoints.checkpointer import CheckpointCorruptError, Checkpointer
+    from jaxrl_reason.checkpoints.checkpointer import Checkpointer
+    from jaxrl_reason.checkpoints.manifest import CheckpointCorruptError
     from jaxrl_reason.checkpoints.phases import resolve_checkpoint_dir
 
     directory = resolve_checkpoint_dir(path)

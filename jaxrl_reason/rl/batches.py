@@ -87,7 +87,7 @@ def from_micro(y: jax.Array) -> jax.Array:
     return y.swapaxes(0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:])
 
 
-def _micro_sharding(mesh, rules, ndim: int):
+def micro_sharding(mesh, rules, ndim: int):
     """Sharding of a [k, M/k, ...] micro-batched array: rows over the batch axes."""
     if mesh is None:
         return None

@@ -15,7 +15,7 @@ The checkpoint layout is the trainer's "value_state" entry: {"step", "params", "
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,8 @@ class Critic:
     params; `values_fn` / `update_fn` are the jitted value pass and donated critic update.
     """
 
+    per_token = True  # advantages [N, L]: see `rl/group_estimator.py` for the interface
+
     def __init__(self, rt, rl, init_params, sft_params=None):
         """rt: the `Runtime` (model, mesh, rules, `put`); rl: the config's `rl` section (its
         `value` subsection: init, learning_rate, clip_range, warmup_steps, weight_decay,
@@ -85,20 +87,24 @@ class Critic:
         when only the critic learns; `step` counts the steps taken before this one."""
         return step >= self.warmup_steps
 
-    def advantages(self, seq_rewards: np.ndarray, rollout: Rollout, kl: jax.Array | None,
-                   beta: float) -> dict[str, jax.Array]:
+    def advantages(self, seq_rewards: np.ndarray, rollout: Callable[[], Rollout],
+                   kl: jax.Array | None, beta: float,
+                   lengths: np.ndarray | None = None) -> dict[str, jax.Array]:
         """GAE advantages of every row against the current critic.
 
         Args:
           seq_rewards: f32 [N] host, one reward per completion.
-          rollout: the update batch of all N rows (a prompt per row).
+          rollout: returns the update batch of all N rows (a prompt per row).
           kl: f32 [N, L] per-token KL of the sampler to the reference (KL in the reward), or
             None.
           beta: the KL coefficient of the token rewards.
+          lengths: not read (the rollout's mask says which tokens count).
         Returns:
           {"advantages", "old_values", "returns"}: f32 [N, L] each, on the mesh (the
           update batch's entries for the policy's and the critic's losses).
         """
+        del lengths
+        rollout = rollout()
         values = self.values_fn(self.state.params, *rollout.scoring_args())
         advantages, returns = ppo_advantages(
             self.put(np.asarray(seq_rewards, np.float32)), rollout.mask, values, kl,
@@ -122,3 +128,11 @@ class Critic:
     def load_checkpoint_tree(self, tree: dict[str, Any]) -> None:
         """Restores `state` from a `checkpoint_tree()` read back from a checkpoint."""
         self.state = TrainState(**tree)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """The critic's entry of an RL checkpoint's extra items: {"value_state": tree}."""
+        return {"value_state": self.checkpoint_tree()}
+
+    def restore_extra(self, extra: dict[str, Any]) -> None:
+        """Restores the critic from the extra items of an RL checkpoint."""
+        self.load_checkpoint_tree(extra["value_state"])

@@ -41,7 +41,6 @@ from jaxrl_reason.runtime.metrics import MetricsWriter, format_line
 from jaxrl_reason.runtime.progress import ProgressBar
 from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
-from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import (Collected, Rollout, merge_groups, select_train_rows,
                                      zero_variance_groups)
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
@@ -50,6 +49,7 @@ from jaxrl_reason.models.lora import without_adapters
 from jaxrl_reason.models.lora_params import check_rl_config as check_lora_rl_config
 from jaxrl_reason.models.lora_params import for_training as lora_for_training
 from jaxrl_reason.rl.critic import Critic
+from jaxrl_reason.rl.group_estimator import GroupEstimator
 from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
 from jaxrl_reason.evaluation.pass_at_k import domain_metrics
@@ -108,12 +108,15 @@ class RLTrainer:
         self.rewards = make_reward_pool(rt.config)
         self.step_count = 0  # RL steps taken by this trainer (restored with the state)
         self.skipped_batch = None  # (why, example ids) when `step` skipped its update
-        # PPO's critic, built before the first update donates `init_params`. Its advantages
-        # are per token: its passes take a prompt per row, no row is skipped, and the KL in
-        # the reward goes into its token rewards instead of each sequence's reward.
-        self.critic = (Critic(rt, rl, init_params, ref_params)
-                       if rl.advantage_estimator == "gae" else None)
-        per_token = self.critic is not None
+        self.kernel_backend = rt.config.get("kernels", {}).get("backend", "auto")
+        # Where the advantages come from: PPO's critic (built before the first update donates
+        # `init_params`) or a group estimator of the registry; the one place that asks. A
+        # critic's advantages are per token: its passes take a prompt per row, no row is
+        # skipped, and the KL in the reward goes into its token rewards.
+        self.advantage_source = (Critic(rt, rl, init_params, ref_params)
+                                 if rl.advantage_estimator == "gae"
+                                 else GroupEstimator(rl, self.kernel_backend))
+        per_token = self.advantage_source.per_token
         self.prompt_per_row = per_token
         # Zero-advantage rows carry no loss term only without the KL penalty.
         self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0 and not per_token
@@ -121,7 +124,6 @@ class RLTrainer:
                              else "token" if per_token else "sequence")
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
                                           rt.mesh, rt.rules)
-        self.kernel_backend = rt.config.get("kernels", {}).get("backend", "auto")
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
                                         self.kernel_backend)
         self.ckpt = PhaseCheckpointer(rt, "rl")
@@ -157,9 +159,7 @@ class RLTrainer:
         extra = {"rng": jax.random.key_data(self.rng)}
         if self.ref_params:  # LoRA's reference is the saved policy's base
             extra["ref_params"] = self.ref_params
-        if self.critic is not None:
-            extra["value_state"] = self.critic.checkpoint_tree()
-        return extra
+        return {**extra, **self.advantage_source.checkpoint_extra()}
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra(),
@@ -178,8 +178,7 @@ class RLTrainer:
         self.rng = jax.random.wrap_key_data(extra["rng"])
         if self.ref_params:
             self.ref_params = extra["ref_params"]
-        if "value_state" in extra:
-            self.critic.load_checkpoint_tree(extra["value_state"])
+        self.advantage_source.restore_extra(extra)
         return True
 
     # ------------------------------------------------------------------ one step
@@ -399,15 +398,9 @@ class RLTrainer:
         registry; {"advantages", "old_values", "returns"} f32 [N, L] on the mesh from the
         critic.
         """
-        rl = self.rl
-        if self.critic is not None:
-            return self.critic.advantages(seq_rewards, self._full_rollout(got), kl, self.beta)
-        advantages = np.asarray(distributed.to_host(kernel_dispatch.group_advantages(
-            jnp.asarray(seq_rewards), rl.num_generations,
-            estimator=rl.advantage_estimator, scale=rl.advantage_scale,
-            backend=self.kernel_backend)), np.float32)
-        lengths = self.train_lengths(got.host)
-        return {"advantages": np.where(lengths > 0, advantages, 0.0).astype(np.float32)}
+        return self.advantage_source.advantages(
+            seq_rewards, lambda: self._full_rollout(got), kl, self.beta,
+            self.train_lengths(got.host))
 
     # ------------------------------------------------------------------ update
 
@@ -455,14 +448,13 @@ class RLTrainer:
         state on the chips meanwhile) and of the critic on `batch`; the policy stays frozen
         during the critic's warm-up. Then the adaptive KL coefficient and the reference sync.
         Returns the last update's metrics as host floats, with "beta"."""
-        critic, metrics = self.critic, {}
-        trains_policy = critic is None or critic.trains_policy(self.step_count)
+        source, metrics = self.advantage_source, {}
+        trains_policy = source.trains_policy(self.step_count)
         self.state = self._onload_optimizer(self.state)
         for _ in range(self.rl.num_iterations):
             if trains_policy:
                 self.state, metrics = self.update_fn(self.state, batch)
-            if critic is not None:
-                metrics = {**metrics, **critic.update(batch)}
+            metrics = {**metrics, **source.update(batch)}
         self.state = self._offload_optimizer(self.state)
         self.step_count += 1
         metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}

@@ -18,7 +18,7 @@ from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
-from jaxrl_reason.rl.batches import _micro_sharding, from_micro, to_micro
+from jaxrl_reason.rl.batches import micro_sharding, from_micro, to_micro
 from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
                                               trainable_params, value_and_grad)
 
@@ -42,7 +42,7 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
         n = completion_tokens.shape[0]  # micro-batches slice rows: a prompt per row
         rows = (per_row_prompts(prompt_tokens, n), per_row_prompts(prompt_valid, n),
                 completion_tokens, mask)
-        micro = [to_micro(x, micro_batches, _micro_sharding(mesh, rules, x.ndim + 1))
+        micro = [to_micro(x, micro_batches, micro_sharding(mesh, rules, x.ndim + 1))
                  for x in rows]
         return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
 
@@ -111,7 +111,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
                  "prompt_valid": per_row_prompts(batch["prompt_valid"], num_rows)}
         rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
         consts = {n: x for n, x in batch.items() if jnp.ndim(x) == 0}
-        micro = {n: to_micro(x, k, _micro_sharding(mesh, rules, x.ndim + 1))
+        micro = {n: to_micro(x, k, micro_sharding(mesh, rules, x.ndim + 1))
                  for n, x in rows.items()}
 
         def body(carry, mb):

@@ -125,7 +125,7 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
     select = functools.partial(select_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p)
 
-    prompt_cache = sampler._constrain_cache(
+    prompt_cache = sampler.constrain_cache(
         init_cache(sampler.model.cfg, num_prompts, prompt_len, sampler.cache_dtype),
         num_prompts, prompt_len)
     logits, prompt_cache = apply(prompt_tokens, positions_from_valid(prompt_valid),
@@ -139,7 +139,7 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
     slot = {"row": jnp.full((slots,), -1, jnp.int32), "step": jnp.ones((slots,), jnp.int32),
             "last": jnp.zeros((slots,), jnp.int32), "pos0": jnp.zeros((slots,), jnp.int32),
             "valid": jnp.zeros((slots, prompt_len), bool)}
-    cache = sampler._constrain_cache(
+    cache = sampler.constrain_cache(
         init_cache(sampler.model.cfg, slots, length, sampler.cache_dtype), slots, length)
 
     def write(out, rows_, index, token, logprob, eos):
@@ -184,7 +184,7 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
         positions = (slot["pos0"] + step - 1)[:, None]
         logits, cache = apply(slot["last"][:, None], positions, key_valid, cache, width - 1)
         cache = move_scratch(cache, jnp.minimum(prompt_len + step - 1, width - 2))
-        cache = sampler._constrain_cache(cache, slots, width)
+        cache = sampler.constrain_cache(cache, slots, width)
         new, new_lp = select(step_keys(row_keys[row], step), logits[:, 0])
         eos = sampler._is_stop(new)
         out = write(out, jnp.where(busy, row, rows), step, new, new_lp, eos)

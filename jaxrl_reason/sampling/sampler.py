@@ -243,7 +243,7 @@ class Sampler:
         return program.lower(*args, **static)
 
     @staticmethod
-    def _args(params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k):
+    def call_args(params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k):
         """The traced arguments as arrays (ShapeDtypeStructs pass through); the tool
         sampler's entry point."""
         def arr(x, dtype):
@@ -259,7 +259,7 @@ class Sampler:
         static = {"num_samples": int(num_samples), "max_new_tokens": length}
         if self.max_num_seqs:  # a smaller batch (an evaluation) takes one slot per row
             static.update(slots=min(self.max_num_seqs, rows), chunk=self.refill_every)
-        args = self._args(params, prompt_tokens, prompt_valid, rng, temperature, top_p,
+        args = self.call_args(params, prompt_tokens, prompt_valid, rng, temperature, top_p,
                           top_k) + (jnp.asarray(budgets),)
         return args, static
 
@@ -277,7 +277,7 @@ class Sampler:
                                + num_prompts * prompt_len)
         return per_slot * num_prompts * num_samples * (prompt_len + max_new_tokens - 1)
 
-    def _constrain_cache(self, cache, batch, length):
+    def constrain_cache(self, cache, batch, length):
         if self.mesh is None:
             return cache
         shardings = cache_shardings(self.model.cfg, self.mesh, self.rules, batch, length)
@@ -302,7 +302,7 @@ class Sampler:
         """
         num_prompts, prompt_len = prompt_tokens.shape
         apply = functools.partial(self.model.apply, {"params": params})
-        cache = self._constrain_cache(
+        cache = self.constrain_cache(
             init_cache(self.model.cfg, num_prompts, prompt_len, self.cache_dtype),
             num_prompts, prompt_len)
         logits, cache = apply(prompt_tokens, positions_from_valid(prompt_valid), prompt_valid,
@@ -355,7 +355,7 @@ class Sampler:
             # (causality hides the ones not written yet).
             length = prompt_len + end - 1
             cache = pad_cache(cache, length - cache_length(cache))
-            cache = self._constrain_cache(cache, rows, length)
+            cache = self.constrain_cache(cache, rows, length)
             key_valid = jnp.concatenate(
                 [prompt_valid, jnp.ones((rows, length - prompt_len), bool)], axis=1)
 

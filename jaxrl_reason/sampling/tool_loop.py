@@ -181,7 +181,7 @@ class ToolSampler:
         recompile). Returns ToolSampleOutput; `last_stats` then holds the number of host
         round trips ("rounds"), calls run ("calls") and failed ("errors").
         """
-        params, pt, pv, rng, temp, top_p, top_k = Sampler._args(
+        params, pt, pv, rng, temp, top_p, top_k = Sampler.call_args(
             params, prompt_tokens, prompt_valid, rng, temperature, top_p, top_k)
         calls = jnp.int32(self.max_calls if max_calls is None else max_calls)
         sampling = (rng, temp, top_p, top_k, calls)
@@ -280,7 +280,7 @@ class ToolSampler:
             return jax.lax.with_sharding_constraint(
                 x, shd.batch_sharding(self.mesh, self.rules, x.ndim, rows))
 
-        cache = self.sampler._constrain_cache(state.cache, rows, cache_length(state.cache))
+        cache = self.sampler.constrain_cache(state.cache, rows, cache_length(state.cache))
         return jax.tree.map(rows_sharded, state.replace(cache=None)).replace(cache=cache)
 
     def _grow_impl(self, state: ToolDecodeState, *, length: int) -> ToolDecodeState:

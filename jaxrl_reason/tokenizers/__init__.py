@@ -34,7 +34,7 @@ form of every checkpoint written before model directories were supported); other
 a bundle: a magic line, then zlib-compressed JSON side files and the vocabulary file.
 
 Modules:
-  base            the shared interface (`_TokenizerBase`), side-file values, the bundle format
+  base            the shared interface (`TokenizerBase`), side-file values, the bundle format
   sentencepiece   `Tokenizer`, `train_tokenizer`
   hf              `HFTokenizer`
   files           `load_tokenizer`, `tokenizer_from_serialized`

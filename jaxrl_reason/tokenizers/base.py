@@ -22,10 +22,10 @@ HF_INSTALL_HINT = "pip install 'jaxrl-reason[hf]'"
 SP_FILE, HF_FILE = "tokenizer.model", "tokenizer.json"
 KINDS = ("sentencepiece", "tokenizer.json")
 
-_CONFIG_FILE = "tokenizer_config.json"
-_SPECIAL_MAP_FILE = "special_tokens_map.json"
-_GENERATION_FILE = "generation_config.json"
-_SPECIAL_NAMES = ("bos", "eos", "unk", "pad")
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_MAP_FILE = "special_tokens_map.json"
+GENERATION_FILE = "generation_config.json"
+SPECIAL_NAMES = ("bos", "eos", "unk", "pad")
 _BUNDLE_MAGIC = b"jaxrl-reason tokenizer bundle v1\n"
 
 
@@ -33,7 +33,7 @@ class VocabularyMismatchError(ValueError):
     """The side files name tokens or ids that the vocabulary file does not have."""
 
 
-class _TokenizerBase:
+class TokenizerBase:
     """Special tokens from side files, the encode/decode rules, serializing and pickling.
 
     A subclass sets `vocab_size` and `source`, implements `_encode_texts`, `_decode_ids`,
@@ -54,12 +54,12 @@ class _TokenizerBase:
         self.generation_config: dict = dict(generation_config or {})
         self._serialized: bytes | None = None
         added = self._added_tokens()
-        ids = {name: self._special_id(name, own_ids.get(name, -1)) for name in _SPECIAL_NAMES}
+        ids = {name: self._special_id(name, own_ids.get(name, -1)) for name in SPECIAL_NAMES}
         self.bos_id: int = ids["bos"]
         self.eos_id: int = ids["eos"]
         self.unk_id: int = ids["unk"]
         self.pad_id: int = ids["pad"] if ids["pad"] >= 0 else max(self.eos_id, 0)
-        for name in _SPECIAL_NAMES:  # the token strings, for chat templates
+        for name in SPECIAL_NAMES:  # the token strings, for chat templates
             setattr(self, f"{name}_token", self._piece(ids[name]) if ids[name] >= 0 else None)
         stops = self._generation_ids("eos_token_id")
         self.eos_ids: tuple[int, ...] = tuple(
@@ -74,7 +74,7 @@ class _TokenizerBase:
             self.tokenizer_config.get("chat_template"), self.source)
         # SentencePiece knows no added tokens: split text on them ourselves, as HF does
         # (a chat template writes "<bos>", a control piece sentencepiece would spell out).
-        named = [getattr(self, f"{n}_token") for n in _SPECIAL_NAMES]
+        named = [getattr(self, f"{n}_token") for n in SPECIAL_NAMES]
         self._split_tokens = {} if not (self._SPLITS and self._has_side_files()) else {
             t: self._lookup(t) for t in [c for c, _ in added.values()] + [t for t in named if t]}
 
@@ -84,7 +84,7 @@ class _TokenizerBase:
     def _added_tokens(self) -> dict[int, tuple[str, bool]]:
         """`added_tokens_decoder` of tokenizer_config.json, checked against the vocabulary."""
         decoder = self.tokenizer_config.get("added_tokens_decoder") or {}
-        where = f"{self.source}: {_CONFIG_FILE} added_tokens_decoder"
+        where = f"{self.source}: {CONFIG_FILE} added_tokens_decoder"
         if not isinstance(decoder, Mapping):
             raise ValueError(f"{where} must be an object, got {type(decoder).__name__}")
         added = {}
@@ -103,8 +103,8 @@ class _TokenizerBase:
 
     def _special_id(self, name: str, own: int) -> int:
         key = f"{name}_token"
-        for file, config in ((_CONFIG_FILE, self.tokenizer_config),
-                             (_SPECIAL_MAP_FILE, self.special_tokens_map)):
+        for file, config in ((CONFIG_FILE, self.tokenizer_config),
+                             (SPECIAL_MAP_FILE, self.special_tokens_map)):
             if key not in config:
                 continue
             token = _token_text(config[key], f"{self.source}: {file} {key}")
@@ -127,7 +127,7 @@ class _TokenizerBase:
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.vocab_size:
                 raise VocabularyMismatchError(
-                    f"{self.source}: {_GENERATION_FILE} {key} = {value!r}: each id must be an "
+                    f"{self.source}: {GENERATION_FILE} {key} = {value!r}: each id must be an "
                     f"int in [0, {self.vocab_size})")
         return values
 
@@ -248,12 +248,12 @@ class _TokenizerBase:
         os.makedirs(directory, exist_ok=True)
         self.save(os.path.join(directory, self.FILE))
         config = self.tokenizer_config or {
-            **{f"{n}_token": getattr(self, f"{n}_token") for n in _SPECIAL_NAMES
+            **{f"{n}_token": getattr(self, f"{n}_token") for n in SPECIAL_NAMES
                if getattr(self, f"{n}_token") is not None},
             "add_bos_token": self.add_bos_token, "add_eos_token": self.add_eos_token}
-        files = {_CONFIG_FILE: config, _SPECIAL_MAP_FILE: self.special_tokens_map}
-        if not os.path.exists(os.path.join(directory, _GENERATION_FILE)):
-            files[_GENERATION_FILE] = self.generation_config
+        files = {CONFIG_FILE: config, SPECIAL_MAP_FILE: self.special_tokens_map}
+        if not os.path.exists(os.path.join(directory, GENERATION_FILE)):
+            files[GENERATION_FILE] = self.generation_config
         for name, content in files.items():
             if content:
                 _write_atomic(os.path.join(directory, name),
@@ -278,11 +278,11 @@ def _bundle(kind: str, vocabulary: bytes, side: Mapping[str, Any]) -> bytes:
     return _BUNDLE_MAGIC + zlib.compress(header.encode("ascii") + b"\n" + vocabulary, 6)
 
 
-def _is_bundle(data: bytes) -> bool:
+def is_bundle(data: bytes) -> bool:
     return isinstance(data, (bytes, bytearray)) and data[:len(_BUNDLE_MAGIC)] == _BUNDLE_MAGIC
 
 
-def _unbundle(data: bytes) -> tuple[str, bytes, dict[str, dict]]:
+def unbundle(data: bytes) -> tuple[str, bytes, dict[str, dict]]:
     try:
         header, vocabulary = zlib.decompress(bytes(data[len(_BUNDLE_MAGIC):])).split(b"\n", 1)
         fields = json.loads(header)
@@ -312,7 +312,7 @@ def _flag(config: Mapping, key: str, default: bool, source: str) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ValueError(f"{source}: {_CONFIG_FILE} {key} must be true or false, got {value!r}")
+        raise ValueError(f"{source}: {CONFIG_FILE} {key} must be true or false, got {value!r}")
     return value
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from jaxrl_reason.data.templates import R1_INSTRUCTION
 from jaxrl_reason.tokenizers.base import (
-    _CONFIG_FILE,
-    _SPECIAL_NAMES,
+    CONFIG_FILE,
+    SPECIAL_NAMES,
     HF_INSTALL_HINT,
-    _TokenizerBase,
+    TokenizerBase,
 )
 from jaxrl_reason.tokenizers.files import load_tokenizer
 from jaxrl_reason.tokenizers.hf import HFTokenizer
@@ -76,7 +76,7 @@ def apply_chat_template(tokenizer: str | os.PathLike | Tokenizer | HFTokenizer,
         it rejects the conversation (its `raise_exception` message, e.g. Gemma's "Conversation
         roles must alternate"). TypeError: malformed messages. ImportError: no jinja2.
     """
-    tok = tokenizer if isinstance(tokenizer, _TokenizerBase) else load_tokenizer(tokenizer)
+    tok = tokenizer if isinstance(tokenizer, TokenizerBase) else load_tokenizer(tokenizer)
     if isinstance(messages, (str, Mapping)) or not isinstance(messages, Sequence):
         raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
     if not messages:
@@ -86,11 +86,11 @@ def apply_chat_template(tokenizer: str | os.PathLike | Tokenizer | HFTokenizer,
             raise TypeError(f"messages[{i}] must be a dict with a str 'role', got {m!r}")
     if tok.chat_template is None:
         raise ValueError(
-            f"{tok.source} has no chat template ({_CONFIG_FILE} has no 'chat_template' and "
+            f"{tok.source} has no chat template ({CONFIG_FILE} has no 'chat_template' and "
             "there is no chat_template.jinja): a base model takes a plain prompt template "
             "(jaxrl_reason.data.templates) instead")
     jinja2 = _import_jinja2()
-    context = {f"{n}_token": getattr(tok, f"{n}_token") for n in _SPECIAL_NAMES}
+    context = {f"{n}_token": getattr(tok, f"{n}_token") for n in SPECIAL_NAMES}
     context = {k: v for k, v in context.items() if v is not None}
     context.update(tools=None, documents=None)
     context.update(variables)

@@ -7,18 +7,18 @@ import json
 import os
 
 from jaxrl_reason.tokenizers.base import (
-    _CONFIG_FILE,
-    _GENERATION_FILE,
-    _SPECIAL_MAP_FILE,
+    CONFIG_FILE,
+    GENERATION_FILE,
+    SPECIAL_MAP_FILE,
     HF_FILE,
     KINDS,
     SP_FILE,
     VocabularyMismatchError,
-    _is_bundle,
-    _unbundle,
+    is_bundle,
+    unbundle,
 )
 from jaxrl_reason.tokenizers.hf import HFTokenizer
-from jaxrl_reason.tokenizers.sentencepiece import Tokenizer, _NotSentencePiece
+from jaxrl_reason.tokenizers.sentencepiece import Tokenizer, NotSentencePiece
 
 _KIND_FILES = dict(zip(KINDS, (SP_FILE, HF_FILE)))
 
@@ -70,7 +70,7 @@ def load_tokenizer(path: str | os.PathLike, *, kind: str | None = None) -> Token
         except VocabularyMismatchError:
             if kind is not None or not present["tokenizer.json"]:
                 raise
-        except _NotSentencePiece as e:
+        except NotSentencePiece as e:
             raise ValueError(f"{file!r} is not a SentencePiece model ({e})") from None
     with open(os.path.join(path, HF_FILE), "rb") as f:
         data = f.read()
@@ -86,15 +86,15 @@ def tokenizer_from_serialized(data: bytes) -> Tokenizer | HFTokenizer:
     """
     if not isinstance(data, (bytes, bytearray)):
         raise TypeError(f"serialized tokenizer must be bytes, got {type(data).__name__}")
-    if _is_bundle(data):
-        return _from_bundle(data)
+    if is_bundle(data):
+        return from_bundle(data)
     if bytes(data[:1]) == b"{":  # a ModelProto starts with a field tag, never "{"
         return HFTokenizer.from_serialized(data)
     return Tokenizer.from_serialized(data)
 
 
-def _from_bundle(data: bytes, want: type | None = None) -> Tokenizer | HFTokenizer:
-    kind, vocabulary, side = _unbundle(data)
+def from_bundle(data: bytes, want: type | None = None) -> Tokenizer | HFTokenizer:
+    kind, vocabulary, side = unbundle(data)
     cls = Tokenizer if kind == Tokenizer.KIND else HFTokenizer
     if want is not None and cls is not want:
         raise ValueError(f"data holds a {kind} tokenizer, not a {want.KIND} one: rebuild it "
@@ -120,7 +120,7 @@ def _read_json(path: str) -> dict | None:
 def _read_side_files(directory: str) -> dict[str, dict]:
     """tokenizer_config (with a chat template from chat_template.jinja/.json folded in),
     special_tokens_map and generation_config of a model directory; {} for a missing file."""
-    config = _read_json(os.path.join(directory, _CONFIG_FILE)) or {}
+    config = _read_json(os.path.join(directory, CONFIG_FILE)) or {}
     if config.get("chat_template") is None:
         jinja_file = os.path.join(directory, "chat_template.jinja")
         from_json = _read_json(os.path.join(directory, "chat_template.json")) or {}
@@ -131,6 +131,6 @@ def _read_side_files(directory: str) -> dict[str, dict]:
             config["chat_template"] = from_json["chat_template"]
     return {
         "tokenizer_config": config,
-        "special_tokens_map": _read_json(os.path.join(directory, _SPECIAL_MAP_FILE)) or {},
-        "generation_config": _read_json(os.path.join(directory, _GENERATION_FILE)) or {},
+        "special_tokens_map": _read_json(os.path.join(directory, SPECIAL_MAP_FILE)) or {},
+        "generation_config": _read_json(os.path.join(directory, GENERATION_FILE)) or {},
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from jaxrl_reason.tokenizers.base import HF_FILE, HF_INSTALL_HINT, _is_bundle, _TokenizerBase
+from jaxrl_reason.tokenizers.base import HF_FILE, HF_INSTALL_HINT, is_bundle, TokenizerBase
 
 
 def _import_hf_tokenizers(source: str):
@@ -21,7 +21,7 @@ def _import_hf_tokenizers(source: str):
     return tokenizers
 
 
-class HFTokenizer(_TokenizerBase):
+class HFTokenizer(TokenizerBase):
     """A `tokenizer.json` (Qwen, Llama 3, ...) read by the Hugging Face `tokenizers` library.
 
     Same operations and attributes as `Tokenizer` (see there). Build one with
@@ -71,9 +71,9 @@ class HFTokenizer(_TokenizerBase):
     @classmethod
     def from_serialized(cls, data: bytes) -> "HFTokenizer":
         """Builds a tokenizer from `tok.serialized` (a bundle) or `tokenizer.json` bytes."""
-        from jaxrl_reason.tokenizers.files import _from_bundle  # files imports us
-        if _is_bundle(data):
-            return _from_bundle(data, cls)
+        from jaxrl_reason.tokenizers.files import from_bundle  # files imports us
+        if is_bundle(data):
+            return from_bundle(data, cls)
         return cls(data, source="serialized tokenizer.json")
 
     def _vocabulary_bytes(self) -> bytes:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import sentencepiece as spm
 
-from jaxrl_reason.tokenizers.base import SP_FILE, _is_bundle, _TokenizerBase
+from jaxrl_reason.tokenizers.base import SP_FILE, is_bundle, TokenizerBase
 
 SPECIAL_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3  # for tokenizers we train
@@ -34,11 +34,11 @@ _MODEL_TYPES = ("bpe", "unigram")
 _DEFAULT_MAX_SENTENCE_LENGTH = 4192  # sentencepiece's default, in bytes
 
 
-class _NotSentencePiece(ValueError):
+class NotSentencePiece(ValueError):
     """Bytes that sentencepiece cannot read as a model."""
 
 
-class Tokenizer(_TokenizerBase):
+class Tokenizer(TokenizerBase):
     """A SentencePiece model with the few operations the library needs.
 
     Build one with `Tokenizer.load(path)`, `Tokenizer.from_serialized(data)`,
@@ -74,7 +74,7 @@ class Tokenizer(_TokenizerBase):
         try:
             processor.LoadFromSerializedProto(bytes(serialized))
         except (RuntimeError, OSError) as e:
-            raise _NotSentencePiece(f"data is not a SentencePiece model: {e}") from None
+            raise NotSentencePiece(f"data is not a SentencePiece model: {e}") from None
         self._sp = processor
         self._model = bytes(serialized)
         self.source = source
@@ -96,8 +96,8 @@ class Tokenizer(_TokenizerBase):
     @classmethod
     def from_serialized(cls, data: bytes) -> "Tokenizer":
         """Builds a tokenizer from `tok.serialized` (`.model` file contents or a bundle)."""
-        from jaxrl_reason.tokenizers.files import _from_bundle  # files imports us
-        return _from_bundle(data, cls) if _is_bundle(data) else cls(data)
+        from jaxrl_reason.tokenizers.files import from_bundle  # files imports us
+        return from_bundle(data, cls) if is_bundle(data) else cls(data)
 
     @property
     def serialized(self) -> bytes:

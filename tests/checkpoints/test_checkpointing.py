@@ -10,9 +10,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_reason.checkpoints import checkpointer as checkpointing
-from jaxrl_reason.checkpoints.checkpointer import (MANIFEST_NAME, CheckpointCorruptError,
-                                                   Checkpointer, abstract_like)
+from jaxrl_reason.checkpoints import manifest as checkpoint_manifest
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer
+from jaxrl_reason.checkpoints.manifest import MANIFEST_NAME, CheckpointCorruptError, abstract_like
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +182,8 @@ def test_manifest_lists_arrays_and_metadata_checksum(tmp_path, mesh):
     assert entries["['params']['w']"] == {"path": "['params']['w']", "shape": [16, 4],
                                            "dtype": "float32"}
     assert entries["['rng']"]["dtype"] == "uint32"
-    assert manifest["metadata_sha256"] == checkpointing.metadata_checksum(
-        checkpointing.encode_metadata(META))
+    assert manifest["metadata_sha256"] == checkpoint_manifest.metadata_checksum(
+        checkpoint_manifest.encode_metadata(META))
 
 
 def test_tampered_metadata_fails_checksum(tmp_path, mesh):
@@ -253,12 +253,12 @@ def test_async_save_writes_manifest_after_finalize(tmp_path, mesh):
 
 def test_metadata_encoding_roundtrip():
     meta = {"a": [1, (2, b"x")], "b": {"c": None, "d": np.float32(0.5)}}
-    encoded = checkpointing.encode_metadata(meta)
+    encoded = checkpoint_manifest.encode_metadata(meta)
     assert json.loads(json.dumps(encoded)) == encoded
-    assert checkpointing.decode_metadata(encoded) == {"a": [1, [2, b"x"]],
+    assert checkpoint_manifest.decode_metadata(encoded) == {"a": [1, [2, b"x"]],
                                                       "b": {"c": None, "d": 0.5}}
     with pytest.raises(TypeError, match="must be a dict"):
-        checkpointing.encode_metadata([1])
+        checkpoint_manifest.encode_metadata([1])
 
 
 _TWO_PROCESS_WORKER = r'''
@@ -267,9 +267,10 @@ pid, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer
+from jaxrl_reason.checkpoints.manifest import abstract_like
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxrl_reason.checkpoints.checkpointer import Checkpointer, abstract_like
 mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 full = np.arange(32, dtype=np.float32).reshape(8, 4)
 w = jax.make_array_from_callback((8, 4), NamedSharding(mesh, P("data")), lambda i: full[i])

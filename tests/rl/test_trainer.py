@@ -488,19 +488,20 @@ def test_ppo_with_a_critic_runs_and_the_critic_learns(make_trainer):
         "--config.rl.kl_in_reward=True", "--config.rl.kl_estimator=k1",
         "--config.rl.loss_type=bnpo", "--config.rl.num_iterations=2",
         "--config.rl.value.learning_rate=3e-3", weights={"_test_text_length": 1.0})
-    assert trainer.critic is not None and not trainer.skip_rows
+    assert isinstance(trainer.advantage_source, Critic) and not trainer.skip_rows
     assert trainer.kl_in_reward == "token" and trainer.prompt_per_row
     history = run_steps(trainer, 3)
     for m in history:
         for key in ("value_loss", "explained_variance", "value_clip_frac", "kl", "sampler_kl"):
             assert key in m and np.isfinite(m[key]), (key, m)
-    assert int(trainer.critic.state.step) == 6  # two critic epochs per step
+    assert int(trainer.advantage_source.state.step) == 6  # two critic epochs per step
     # The critic regresses toward the returns: repeated updates on one batch reduce its loss.
     examples = next(trainer.data)
     host = trainer.generate(examples, jax.random.key(11))
     rollout = trainer.rollout(host)
     rewards = jnp.asarray(trainer.score(examples, host).result().total)
-    values = trainer.critic.values_fn(trainer.critic.state.params, *rollout.scoring_args())
+    critic = trainer.advantage_source
+    values = critic.values_fn(critic.state.params, *rollout.scoring_args())
     adv, returns = ppo_advantages(trainer.rt.put(np.asarray(rewards)), rollout.mask, values,
                                   None, jnp.float32(0.0), gamma=1.0, lam=0.95,
                                   whiten_advantages=True)
@@ -510,7 +511,7 @@ def test_ppo_with_a_critic_runs_and_the_critic_learns(make_trainer):
     batch = {**vars(rollout), "old_values": values, "returns": returns + 0.5}
     losses = []
     for _ in range(5):
-        losses.append(float(trainer.critic.update(batch)["value_loss"]))
+        losses.append(float(trainer.advantage_source.update(batch)["value_loss"]))
     # It falls until the values reach the clip range around old_values, then holds there.
     assert losses[0] > 0.05 and losses[-1] < 0.5 * losses[0], losses
     assert all(b <= a for a, b in zip(losses, losses[1:])), losses
@@ -526,17 +527,18 @@ def test_ppo_resume_restores_the_critic_exactly(make_trainer):
         weights={"_test_text_length": 1.0})
     run_steps(trainer, 1)
     trainer.save(1)
-    saved = jax.device_get(trainer.critic.checkpoint_tree())
+    saved = jax.device_get(trainer.advantage_source.checkpoint_tree())
     (first,) = run_steps(trainer, 1)
-    after = jax.device_get((trainer.state.params, trainer.critic.checkpoint_tree()))
+    after = jax.device_get((trainer.state.params, trainer.advantage_source.checkpoint_tree()))
     assert not tree_equal(saved["params"], after[1]["params"])  # the critic moved
     assert trainer.restore() and trainer.step_count == 1
-    assert tree_equal(jax.device_get(trainer.critic.checkpoint_tree()), saved)
+    assert tree_equal(jax.device_get(trainer.advantage_source.checkpoint_tree()), saved)
     (again,) = run_steps(trainer, 1)
     for key in first:
         if not key.startswith("time/"):
             assert first[key] == again[key], key
-    assert tree_equal(jax.device_get((trainer.state.params, trainer.critic.checkpoint_tree())),
+    critic = trainer.advantage_source
+    assert tree_equal(jax.device_get((trainer.state.params, critic.checkpoint_tree())),
                       after)
 
 

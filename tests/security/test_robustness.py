@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cli_runs import ARITH, QUIET, REPO, load_config, run_cli  # noqa: E402
 
 from jaxrl_reason.checkpoints import workdir_lock  # noqa: E402
-from jaxrl_reason.checkpoints.checkpointer import Checkpointer, abstract_like  # noqa: E402
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from jaxrl_reason.checkpoints.manifest import abstract_like  # noqa: E402
 from jaxrl_reason.data.files import read_examples  # noqa: E402
 from jaxrl_reason.runtime.reliability import check_workdir  # noqa: E402
 from jaxrl_reason.config.validation import non_finite_problems, validate_config  # noqa: E402
