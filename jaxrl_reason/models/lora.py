@@ -16,6 +16,12 @@ along the last axis, one float32 absmax per block of up to 64 values of the last
 A projection that holds a float `kernel` uses it whatever `base_quant` says, so a LoRA model
 also runs the plain params of the base it was attached to (`lora_params.attach_adapters`).
 
+Dropout (`dropout` > 0) acts on the adapter's input only, and only in an apply given a
+`DROPOUT_RNG` key: the policy and SFT updates pass one (`dropout_key`, folded from the seed
+and the optimizer step, so --resume redraws the same masks); the sampler, the old-policy and
+reference log-prob passes, the critic's passes and evaluation pass none and run the adapter
+deterministically.
+
 Hand-written rather than qwix: qwix intercepts `lax.dot_general`/einsum calls inside a
 module, while our CPU projections go through a custom-VJP matmul
 (`transformer.cpu_dense_dot_general`) it does not see; and the two properties this module
@@ -45,6 +51,8 @@ QUANT_KEYS = {"int8": ("kernel_int8", "kernel_scale"), "nf4": ("kernel_nf4", "ke
 _ALIASES = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
             "target_modules": "targets"}
 NF4_BLOCK = 64
+# The flax RNG stream of LoRA dropout: only passes given a key for it drop anything.
+DROPOUT_RNG = "lora_dropout"
 # The 16 NormalFloat-4 levels (QLoRA, Dettmers et al. 2023; bitsandbytes' table).
 NF4_LEVELS = np.array([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -61,8 +69,10 @@ class LoraConfig:
         rank: adapter rank r (> 0). PEFT name: `r`.
         alpha: scaling numerator; the adapter's output is multiplied by alpha / rank. PEFT
             name: `lora_alpha`.
-        dropout: dropout on the adapter's input; only 0 is supported (the model's training
-            pass has no dropout RNG). PEFT name: `lora_dropout`.
+        dropout: dropout rate in [0, 1) on the adapter's input (PEFT's placement:
+            B(A(dropout(x)))), applied only in passes given a `DROPOUT_RNG` key (the
+            training updates, see `dropout_key`); the sampler, the old-policy, reference
+            and value passes and evaluation run without it. PEFT name: `lora_dropout`.
         targets: regexes; a projection is adapted when one of them fully matches its name
             ("q_proj") or its qualified name ("attn.q_proj"); "all-linear" (PEFT's) = all
             seven. Every regex must match at least one projection. PEFT name:
@@ -86,9 +96,9 @@ class LoraConfig:
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
                 or self.alpha <= 0:
             problems.append(f"alpha must be positive, got {self.alpha!r}")
-        if self.dropout != 0:
-            problems.append(f"dropout={self.dropout!r} is not supported (the training pass "
-                            f"has no dropout RNG); use 0")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0 <= self.dropout < 1:
+            problems.append(f"dropout must be a float in [0, 1), got {self.dropout!r}")
         if self.base_quant not in BASE_QUANTS:
             problems.append(f"base_quant must be one of {BASE_QUANTS}, got "
                             f"{self.base_quant!r}")
@@ -321,9 +331,34 @@ class Projection(nn.Module):
         b = self.param("lora_b", nn.with_logical_partitioning(
             nn.initializers.zeros, (None,) + tuple(self.kernel_logical[self.contract:])),
             (rank,) + tuple(self.features), self.param_dtype)
+        if self.lora.dropout > 0 and self.has_rng(DROPOUT_RNG):  # a training pass
+            xd = _dropout(xd, self.lora.dropout, self.make_rng(DROPOUT_RNG))
         h = dot(xd, a.astype(self.dtype), dims)                           # [..., r]
         out = dot(h, b.astype(self.dtype), (((h.ndim - 1,), (0,)), ((), ())))
         return out * jnp.asarray(self.lora.scaling, out.dtype)
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+    """Inverted dropout: each entry of x [...] kept with probability 1 - rate and scaled
+    by 1 / (1 - rate), else 0; same shape and dtype."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def dropout_key(lora: LoraConfig | None, seed: int, step: jax.Array) -> jax.Array | None:
+    """The LoRA dropout key of the training update at optimizer step `step` (int32 [],
+    e.g. `TrainState.step`): fold_in(key(seed), step), so a resumed run draws the masks the
+    uninterrupted one drew. None (no dropout, no RNG in the program) without LoRA or with
+    `dropout` = 0."""
+    if lora is None or lora.dropout == 0:
+        return None
+    return jax.random.fold_in(jax.random.key(seed), step)
+
+
+def dropout_rngs(key: jax.Array | None, call: int = 0) -> dict[str, jax.Array]:
+    """`rngs` for one `Transformer.apply` of a training pass: {DROPOUT_RNG: fold_in(key,
+    call)} (`call` numbers the applies of one pass, so each draws its own masks), or {}."""
+    return {} if key is None else {DROPOUT_RNG: jax.random.fold_in(key, call)}
 
 
 # ------------------------------------------------------------------ params trees

@@ -9,13 +9,12 @@ completions, as in the sampler's prefill.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.kernels.logprobs import chunked_logprobs, token_logprobs
+from jaxrl_reason.models.lora import dropout_rngs
 from jaxrl_reason.models.params import constrain_cache, init_cache, pad_cache, repeat_cache
 from jaxrl_reason.models.transformer import Transformer
 
@@ -74,7 +73,8 @@ def _pallas_logprobs(hidden, unembedding, targets, *, temperature, softcap, with
 
 def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
                         completion_tokens, completion_mask, *, temperature: float = 1.0,
-                        with_entropy: bool = True, mesh=None, batch_axes=None):
+                        with_entropy: bool = True, mesh=None, batch_axes=None,
+                        dropout_rng=None):
     """Log-probs (and entropies) of each completion token under the model.
 
     The distribution is log_softmax(logits / temperature), the same one the sampler reports,
@@ -89,11 +89,13 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
       temperature: python float > 0.
       mesh, batch_axes: the mesh and the mesh axes of the row dim; used only by the "pallas"
         log-prob implementation (its kernels run per device under `shard_map`).
+      dropout_rng: the LoRA dropout key of a training pass (`lora.dropout_key`), or None
+        (every other pass: no dropout).
     Returns:
       logp f32 [N, L] (0 where masked) and entropy f32 [N, L] (zeros if not with_entropy).
     """
     hidden = completion_hidden(model, params, prompt_tokens, prompt_valid, completion_tokens,
-                               completion_mask)
+                               completion_mask, dropout_rng=dropout_rng)
     mask = completion_mask.astype(jnp.float32)
     impl = logprobs_impl(model.cfg)
     if impl == "pallas":
@@ -121,13 +123,14 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
 
 
 def completion_hidden(model: Transformer, params, prompt_tokens, prompt_valid,
-                      completion_tokens, completion_mask) -> jax.Array:
+                      completion_tokens, completion_mask, dropout_rng=None) -> jax.Array:
     """Final hidden states at the positions that predict each completion token.
 
     Args:
       prompt_tokens: int32 [P, Tp], prompt_valid: bool [P, Tp] (left-padded), where N = P * G:
         prompt i is that of completion rows i * G ... i * G + G - 1 (G = 1: one per row).
       completion_tokens: int32 [N, L]; completion_mask: [N, L] (1 for real tokens).
+      dropout_rng: the LoRA dropout key of a training pass, or None (no dropout).
     Returns: hidden [N, L, D] in the model's dtype; hidden[:, j] predicts completion token j.
 
     With G > 1 each prompt runs once: its KV cache, repeated for its G rows (the gradient of
@@ -142,7 +145,11 @@ def completion_hidden(model: Transformer, params, prompt_tokens, prompt_valid,
         raise ValueError(f"{num_rows} completion rows cannot share {num_prompts} prompts: "
                          "need one prompt per row or per group of consecutive rows")
     group = num_rows // num_prompts
-    apply = functools.partial(model.apply, {"params": params}, return_hidden=True)
+
+    def apply(*args, call=0):  # each apply of a training pass draws its own dropout masks
+        return model.apply({"params": params}, *args, return_hidden=True,
+                           rngs=dropout_rngs(dropout_rng, call))
+
     if group == 1:
         tokens, positions, valid = sequence_inputs(prompt_tokens, prompt_valid,
                                                    completion_tokens, completion_mask)
@@ -157,7 +164,8 @@ def completion_hidden(model: Transformer, params, prompt_tokens, prompt_valid,
     key_valid = jnp.concatenate([jnp.repeat(prompt_valid, group, axis=0),
                                  completion_mask[:, :-1].astype(bool)], axis=1)
     positions = positions_from_valid(key_valid)[:, prompt_len:]       # the per-row pass's
-    hidden, _ = apply(completion_tokens[:, :-1], positions, key_valid, cache, prompt_len)
+    hidden, _ = apply(completion_tokens[:, :-1], positions, key_valid, cache, prompt_len,
+                      call=1)
     return jnp.concatenate([first, hidden], axis=1)
 
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.config import ModelConfig
-from jaxrl_reason.models.lora import Projection
+from jaxrl_reason.models.lora import DROPOUT_RNG, Projection
 from jaxrl_reason.runtime.sharding import constrain
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
@@ -555,7 +555,8 @@ def _scanned_stack(cfg: ModelConfig):
     "layers", never sharded): the program holds one block, so XLA compiles it once and, with
     FSDP, gathers one layer's weights at a time, in the forward and again in the backward."""
     return nn.scan(_block_class(cfg.remat, scanned=True),
-                   variable_axes={"params": 0}, split_rngs={"params": True},
+                   variable_axes={"params": 0},
+                   split_rngs={"params": True, DROPOUT_RNG: True},  # a mask per layer
                    in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                    length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
 

@@ -19,6 +19,7 @@ from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.data.pipeline import example_iterator
 from jaxrl_reason.runtime.metrics import MetricsWriter, format_line
+from jaxrl_reason.models.lora import dropout_key
 from jaxrl_reason.models.lora_params import for_training
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
@@ -83,11 +84,12 @@ def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion
             "completion_tokens": tokens, "completion_mask": mask}
 
 
-def sft_loss(model, params, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Mean negative log-likelihood over completion tokens. Returns (loss f32 [], metrics)."""
+def sft_loss(model, params, batch, dropout_rng=None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean negative log-likelihood over completion tokens. Returns (loss f32 [], metrics).
+    dropout_rng: the LoRA dropout key (`lora.dropout_key`), or None."""
     logp, _ = completion_logprobs(model, params, batch["prompt_tokens"], batch["prompt_valid"],
                                   batch["completion_tokens"], batch["completion_mask"],
-                                  with_entropy=False)
+                                  with_entropy=False, dropout_rng=dropout_rng)
     tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
     loss = -jnp.sum(logp) / tokens
     return loss, {"loss": loss, "tokens": tokens}
@@ -99,7 +101,8 @@ def make_sft_step(model, optimizer, mesh=None, rules=()):
 
     def step(state: TrainState, batch):
         # only the LoRA adapters when the params hold any (train_state.value_and_grad)
-        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch), has_aux=True)
+        rng = dropout_key(model.cfg.lora, 0, state.step)  # LoRA dropout, if any
+        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch, rng), has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
+from jaxrl_reason.models.lora import dropout_key
 from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import micro_sharding, from_micro, to_micro
@@ -70,23 +71,27 @@ def mix_reference(ref_params, params, alpha: float):
     return _mix(ref_params, params, jnp.float32(alpha))
 
 
-def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference"):
+def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference",
+                   dropout_seed: int = 0):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics).
 
     With `rl.micro_batches` = k > 1 the rows are split into k strided micro-batches whose
     gradients are summed in a `lax.scan` (gradient accumulation: one optimizer step, the
     loss's whole-batch normalizers make the sum the full batch's loss); peak activation
     memory is that of M/k rows. Metrics are then micro-batch means (maxima for `*_max`).
+
+    LoRA dropout (`model.cfg.lora.dropout` > 0) runs in this pass only, with the key
+    `lora.dropout_key(lora, dropout_seed, state.step)` (micro-batch i: folded with i).
     """
     k = int(rl.get("micro_batches", 1))
     backend = kernel_backend
     batch_axes = dict(rules).get("batch") if mesh is not None else None
 
-    def loss_fn(params, batch):
+    def loss_fn(params, batch, dropout_rng=None):
         logp, entropy = completion_logprobs(
             model, params, batch["prompt_tokens"], batch["prompt_valid"],
             batch["completion_tokens"], batch["mask"], temperature=rl.temperature, mesh=mesh,
-            batch_axes=batch_axes)
+            batch_axes=batch_axes, dropout_rng=dropout_rng)
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
         in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
         # Tool-use rollouts: result tokens (in `mask`, read by the model) carry no loss.
@@ -104,7 +109,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
 
     grad_fn = value_and_grad(loss_fn, has_aux=True)  # LoRA: the adapters' gradients only
 
-    def accumulate(params, batch):
+    def accumulate(params, batch, dropout_rng):
         # Micro-batches slice rows: a prompt per row.
         num_rows = batch["completion_tokens"].shape[0]
         batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], num_rows),
@@ -114,21 +119,25 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
         micro = {n: to_micro(x, k, micro_sharding(mesh, rules, x.ndim + 1))
                  for n, x in rows.items()}
 
-        def body(carry, mb):
+        def body(carry, xs):
             grads, loss = carry
-            (l, m), g = grad_fn(params, {**mb, **consts})
+            mb, i = xs
+            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
+            (l, m), g = grad_fn(params, {**mb, **consts}, rng)
             return (jax.tree.map(jnp.add, grads, g), loss + l), m
 
         zeros = jax.tree.map(jnp.zeros_like, trainable_params(params))
-        (grads, loss), ms = jax.lax.scan(body, (zeros, jnp.float32(0.0)), micro)
+        (grads, loss), ms = jax.lax.scan(body, (zeros, jnp.float32(0.0)),
+                                         (micro, jnp.arange(k)))
         metrics = {n: (v.max() if n.endswith("_max") else v.mean()) for n, v in ms.items()}
         return (loss, metrics), grads
 
     def update(state: TrainState, batch):
+        dropout_rng = dropout_key(model.cfg.lora, dropout_seed, state.step)
         if k == 1:
-            (loss, metrics), grads = grad_fn(state.params, batch)
+            (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng)
         else:
-            (loss, metrics), grads = accumulate(state.params, batch)
+            (loss, metrics), grads = accumulate(state.params, batch, dropout_rng)
         # A non-finite loss or gradient leaves weights and optimizer state untouched.
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "loss": loss, "grad_norm": grad_norm,
