@@ -208,13 +208,14 @@ def _undumpable() -> None:
         pass
 
 
-def _job(req: dict, own_pid_ns: bool) -> bool | None:
+def _job(req: dict) -> tuple[bool | None, int]:
     """Run one comparison in a forked process and read its verdict from a fresh pipe.
 
     The job process holds only the write end of its own pipe (stdin/stdout/stderr are
     /dev/null, every other descriptor closed), so it cannot reach the verdict stream or any
-    other job. Returns True/False, or None at the request's time limit `t`; the job and, in
-    its own pid namespace, every other process but this one are then killed.
+    other job. Returns (True/False, or None at the request's time limit `t`; the job's pid).
+    The job may still be running or exiting: the caller ends it with `_end_job` before the
+    next request (after sending the reply, so the reply does not wait for the teardown).
     """
     r, w = os.pipe()
     pid = os.fork()
@@ -235,6 +236,7 @@ def _job(req: dict, own_pid_ns: bool) -> bool | None:
             pass
         try:
             os.write(w, verdict)
+            os.close(w)  # end of file now, not after the address space is torn down
         finally:
             os._exit(0)
     os.close(w)
@@ -248,19 +250,24 @@ def _job(req: dict, own_pid_ns: bool) -> bool | None:
             data += chunk
     finally:
         os.close(r)
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, 9)
-            except OSError:
-                pass
-        os.waitpid(pid, 0)
-        if own_pid_ns:  # strays a job may have left (pid 1, bwrap's init, is exempt)
-            try:
-                os.kill(-1, 9)
-            except OSError:
-                pass
-            _reap()
-    return {b"T": True, b"F": False}.get(data)
+    return {b"T": True, b"F": False}.get(data), pid
+
+
+def _end_job(pid: int, own_pid_ns: bool) -> None:
+    """Kill and reap job `pid` and, in its own pid namespace, every other process but this
+    one (strays a job may have left; pid 1, bwrap's init, is exempt)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, 9)
+        except OSError:
+            pass
+    os.waitpid(pid, 0)
+    if own_pid_ns:
+        try:
+            os.kill(-1, 9)
+        except OSError:
+            pass
+        _reap()
 
 
 def _reap() -> None:
@@ -277,6 +284,7 @@ def _child_main() -> None:
     EOF, each in a forked job, answering `{"id": id, "r": true | false | null}`."""
     _CHILD["tree"] = _load("_sympy_tree")
     _CHILD["mv"] = _load("_latex_verify")
+    _CHILD["mv"].two_stage_parsing()
     for text in _WARM:
         for mode in ("expr", "eq"):
             try:
@@ -300,9 +308,12 @@ def _child_main() -> None:
     out.flush()
     for line in sys.stdin:
         req = json.loads(line)
-        result = _job(req, own_pid_ns)
-        out.write(json.dumps({"id": int(req["id"]), "r": result}) + "\n")
-        out.flush()
+        result, pid = _job(req)
+        try:
+            out.write(json.dumps({"id": int(req["id"]), "r": result}) + "\n")
+            out.flush()
+        finally:
+            _end_job(pid, own_pid_ns)  # before the next request is read
 
 
 if __name__ == "__jaxrl_sympy_worker__":

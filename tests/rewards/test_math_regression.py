@@ -69,3 +69,39 @@ def test_accuracy_is_at_least_the_library_alone():
     alone = sum(bool(verify(parse(c["gold"]), parse(c["pred"]))) is c["expected"] for c in MAIN)
     assert ours >= 0.97 * len(MAIN), (ours, len(MAIN))
     assert ours >= alone, (ours, alone)
+
+
+def test_two_stage_parsing_gives_the_ll_parse():
+    """SLL-then-LL parsing (what the worker uses) builds the same sympy object as
+    latex2sympy's full-context LL parsing, on every short answer of the suite and the
+    worker's warm-up answers (a string neither parses counts as the same)."""
+    from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy, latex2sympy
+    from sympy import srepr
+
+    from jaxrl_reason.rewards import _latex_verify
+
+    texts = sorted({t.replace("$", "").strip() for c in CASES for t in (c["pred"], c["gold"])
+                    if len(t) <= 120} | {t for pair in _latex_verify.WARM for t in pair})
+
+    def parses() -> list[str]:
+        out = []
+        for text in texts:
+            try:
+                out.append(srepr(latex2sympy(text)))
+            except Exception as exc:  # noqa: BLE001 - the failure itself is compared
+                out.append(type(exc).__name__)
+        return out
+
+    saved = _Latex2Sympy.parse, _Latex2Sympy.create_parser
+    try:
+        ll = parses()
+        _latex_verify.two_stage_parsing()
+        probe = _Latex2Sympy(None, None, False)
+        probe._sll = True
+        assert probe.create_parser("1+1")._interp.predictionMode.name == "SLL"
+        two_stage = parses()
+    finally:
+        _Latex2Sympy.parse, _Latex2Sympy.create_parser = saved
+        _Latex2Sympy._two_stage = False
+    assert len(texts) > 300 and sum(not p.isidentifier() for p in ll) > 200
+    assert [(t, a, b) for t, a, b in zip(texts, ll, two_stage) if a != b] == []

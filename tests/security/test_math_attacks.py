@@ -79,8 +79,9 @@ def test_a_job_cannot_write_the_verdict_stream(monkeypatch, capfd):
         return False
 
     monkeypatch.setattr(_sympy_worker, "_child_compare", forge)
-    result = _sympy_worker._job({"a": "1", "b": "2", "mode": "expr", "atol": 0.0, "t": 5.0},
-                                own_pid_ns=False)
+    result, pid = _sympy_worker._job({"a": "1", "b": "2", "mode": "expr", "atol": 0.0,
+                                      "t": 5.0})
+    _sympy_worker._end_job(pid, own_pid_ns=False)
     assert result is not True  # its pipe held garbage: no verdict
     assert "true" not in capfd.readouterr().out
 

@@ -80,7 +80,7 @@ def test_cli_refuses_nan_and_inf_before_any_work(capsys, tmp_path, override, key
 
 _HOLDER = """
 import sys, time
-from jaxrl_reason import workdir_lock
+from jaxrl_reason.checkpoints import workdir_lock
 workdir_lock.acquire(sys.argv[1])
 print("held", flush=True)
 time.sleep(120)
