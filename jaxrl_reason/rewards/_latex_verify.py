@@ -188,32 +188,35 @@ def parse_answer(text: str, targets: tuple[str, ...], tree) -> list:
     return parsed
 
 
-def verdict(pred: str, gold: str, options: dict, tree) -> bool:
+def verdict(pred: str, gold: str, options: dict, tree) -> str:
     """math-verify's verdict on `pred` against `gold` with the config's options
-    (`float_rounding`, `numeric_precision`, `strict`, `targets`, `set_relation`); when
-    `options["completion"]` holds the completion `pred` was extracted from, math-verify's
-    own extraction from it is a second chance (either one equal to `gold` is a match). No
-    signal-based timeout (the worker's deadline bounds the job)."""
+    (`float_rounding`, `numeric_precision`, `strict`, `targets`, `set_relation`): "pred"
+    when `pred` equals `gold`, else "completion" when `options["completion"]` holds the
+    completion `pred` was extracted from and math-verify's own extraction from it equals
+    `gold` (a second chance), else "". `options["pred_different"]` (the caller already
+    knows `pred` differs) skips the first check. No signal-based timeout (the worker's
+    deadline bounds the job)."""
     from math_verify import verify
 
     targets = tuple(options.get("targets", ("latex", "expr")))
     g = parse_answer(gold, targets, tree)
     if not g:
-        return False
+        return ""
     settings = dict(float_rounding=int(options.get("float_rounding", 6)),
                     numeric_precision=int(options.get("numeric_precision", 15)),
                     strict=bool(options.get("strict", True)),
                     allow_set_relation_comp=bool(options.get("set_relation", True)),
                     timeout_seconds=None)
-    p = parse_answer(pred, targets, tree)
-    if p and verify(g, p, **settings):
-        return True
+    if not options.get("pred_different"):
+        p = parse_answer(pred, targets, tree)
+        if p and verify(g, p, **settings):
+            return "pred"
     completion = options.get("completion")
     if not isinstance(completion, str) or not completion.strip():
-        return False
+        return ""
     # Only when our reading of the answer did not match: the library's own extraction.
     p = _library_extract(completion, targets)
-    return bool(p) and verify(g, p, **settings)
+    return "completion" if p and verify(g, p, **settings) else ""
 
 
 def _library_extract(completion: str, targets: tuple[str, ...]) -> list:

@@ -12,9 +12,10 @@ serves one request per line, `{"id": int, "a": str, "b": str, "mode": str, "atol
 "t": float, "o": dict | null}`. It forks a job per request; the job parses both sides into
 sympy objects (mode "mv": math-verify's LaTeX grammar, hardened by `_latex_verify.harden`
 in the zygote, or `_sympy_tree`; other modes: `_sympy_tree` only; nothing is evaluated as
-code), compares them and writes one byte into a
-pipe made for that job only; the zygote answers `{"id": id, "r": true | false | null}`
-(null: the job overran `t` and was killed). The parent accepts exactly one line with the
+code), compares them and writes one byte into a pipe made for that job only; the zygote
+answers `{"id": id, "r": true | false | "c" | null}` ("c": mode "mv", only math-verify's
+own extraction from the completion matched; null: the job overran `t` and was killed),
+then kills and reaps the job before it reads the next request. The parent accepts exactly one line with the
 request's id; anything else (silence past the deadline, garbage, an extra line) kills and
 replaces the worker, so one job's output can never reach another job's verdict. With
 isolation (the default where `isolation.available()`), the zygote runs under bubblewrap as
@@ -80,8 +81,9 @@ def _child_parse(text: str):
 
 
 def _child_compare(a: str, b: str, mode: str = "expr", atol: float = 0.0,
-                   options: dict | None = None) -> bool:
-    """The verdict of one request (see the module docstring)."""
+                   options: dict | None = None) -> bool | str:
+    """The verdict of one request (see the module docstring); mode "mv" gives
+    `_latex_verify.verdict`'s "pred" / "completion" / ""."""
     from sympy.matrices import MatrixBase
 
     if mode == "mv":
@@ -213,7 +215,8 @@ def _job(req: dict) -> tuple[bool | None, int]:
 
     The job process holds only the write end of its own pipe (stdin/stdout/stderr are
     /dev/null, every other descriptor closed), so it cannot reach the verdict stream or any
-    other job. Returns (True/False, or None at the request's time limit `t`; the job's pid).
+    other job. Returns (True/False, "c" when only the completion matched (mode "mv"), or
+    None at the request's time limit `t`; the job's pid).
     The job may still be running or exiting: the caller ends it with `_end_job` before the
     next request (after sending the reply, so the reply does not wait for the teardown).
     """
@@ -230,8 +233,9 @@ def _job(req: dict) -> tuple[bool | None, int]:
             os.closerange(w + 1, 4096)
             os.setpgid(0, 0)
             gc.disable()  # the job is short-lived: no collection touching inherited pages
-            verdict = b"T" if _child_compare(str(req["a"]), str(req["b"]), str(req["mode"]),
-                                             float(req["atol"]), req.get("o")) else b"F"
+            found = _child_compare(str(req["a"]), str(req["b"]), str(req["mode"]),
+                                   float(req["atol"]), req.get("o"))
+            verdict = b"C" if found == "completion" else b"T" if found else b"F"
         except BaseException:  # any parse/simplify failure means "not shown equal"
             pass
         try:
@@ -250,7 +254,7 @@ def _job(req: dict) -> tuple[bool | None, int]:
             data += chunk
     finally:
         os.close(r)
-    return {b"T": True, b"F": False}.get(data), pid
+    return {b"T": True, b"F": False, b"C": "c"}.get(data), pid
 
 
 def _end_job(pid: int, own_pid_ns: bool) -> None:
@@ -281,7 +285,7 @@ def _reap() -> None:
 
 def _child_main() -> None:
     """The zygote: serve requests `{"id", "a", "b", "mode", "atol", "t"}` from stdin until
-    EOF, each in a forked job, answering `{"id": id, "r": true | false | null}`."""
+    EOF, each in a forked job, answering `{"id": id, "r": true | false | "c" | null}`."""
     _CHILD["tree"] = _load("_sympy_tree")
     _CHILD["mv"] = _load("_latex_verify")
     _CHILD["mv"].two_stage_parsing()
@@ -330,7 +334,7 @@ def _reply(line: bytes | None, job: int) -> dict | None:
     except ValueError:
         return None
     if not isinstance(reply, dict) or set(reply) != {"id", "r"} or reply["id"] != job or \
-            not any(reply["r"] is v for v in (True, False, None)):
+            not (any(reply["r"] is v for v in (True, False, None)) or reply["r"] == "c"):
         return None
     return reply
 
@@ -453,20 +457,39 @@ class SympyPool:
         Returns True/False, or None when the deadline (`timeout_s` of wall time) passed
         first; a worker still computing is then killed and replaced. A verdict is a pure
         function of the request, so True/False verdicts are kept in an LRU cache of
-        `_CACHE_SIZE` requests (the jobs' own sympy caches die with them).
+        `_CACHE_SIZE` requests (the jobs' own sympy caches die with them). A mode "mv"
+        request with a completion also records the verdict on the answer alone (the job
+        tells which of the two matched): an answer known equal needs no job, one known
+        different is not parsed again (`pred_different`).
         """
-        key = (a, b, mode, float(atol), json.dumps(options, sort_keys=True))
+        key = self._key(a, b, mode, atol, options)
+        pair = None
+        if mode == "mv" and options and options.get("completion") is not None:
+            pair = self._key(a, b, mode, atol, {**options, "completion": None})
         with self._lock:
-            if key in self._verdicts:
-                self._verdicts.move_to_end(key)
-                return self._verdicts[key]
+            for k in (key, pair):
+                if k in self._verdicts:
+                    self._verdicts.move_to_end(k)
+                    if k == key or self._verdicts[k]:
+                        return self._verdicts[k]
+            known_different = pair in self._verdicts
+        if known_different:
+            options = {**options, "pred_different": True}
         verdict = self._compare(a, b, mode, atol, timeout_s, options)
-        if verdict is not None:
-            with self._lock:
-                self._verdicts[key] = verdict
-                if len(self._verdicts) > _CACHE_SIZE:
-                    self._verdicts.popitem(last=False)
-        return verdict
+        if verdict is None:
+            return None
+        with self._lock:
+            self._verdicts[key] = bool(verdict)
+            if pair is not None and not known_different:
+                self._verdicts[pair] = verdict is True
+            while len(self._verdicts) > _CACHE_SIZE:
+                self._verdicts.popitem(last=False)
+        return bool(verdict)
+
+    @staticmethod
+    def _key(a: str, b: str, mode: str, atol: float, options: dict | None) -> tuple:
+        """The cache key of a request."""
+        return (a, b, mode, float(atol), json.dumps(options, sort_keys=True))
 
     def _compare(self, a: str, b: str, mode: str, atol: float, timeout_s: float,
                  options: dict | None = None) -> bool | None:

@@ -105,3 +105,29 @@ def test_two_stage_parsing_gives_the_ll_parse():
         _Latex2Sympy._two_stage = False
     assert len(texts) > 300 and sum(not p.isidentifier() for p in ll) > 200
     assert [(t, a, b) for t, a, b in zip(texts, ll, two_stage) if a != b] == []
+
+
+def test_completion_requests_record_the_answers_own_verdict():
+    """A request with a completion tells the pool which side matched: the answer alone is
+    then cached, so another completion with the same answer needs no job when the answer
+    matched, and skips the answer when it did not."""
+    from jaxrl_reason.rewards._sympy_worker import SympyPool
+    from jaxrl_reason.rewards.math import DEFAULT_OPTIONS
+
+    pool = SympyPool(1)
+    options = {**DEFAULT_OPTIONS, "targets": ["latex", "expr"]}
+    try:
+        def ask(pred, gold, completion):
+            return pool.compare(pred, gold, "mv", 0.0, 30.0, {**options,
+                                                               "completion": completion})
+
+        assert ask("16", "18", "So the answer is $18$.") is True  # only the completion
+        assert pool._verdicts[pool._key("16", "18", "mv", 0.0, {**options,
+                                                                "completion": None})] is False
+        assert ask("16", "18", "So the answer is $17$.") is False
+        assert ask(r"\frac{1}{2}", "0.5", "So the answer is $0.5$.") is True
+        pool._compare = None  # any further job would raise: the answer alone is known equal
+        assert ask(r"\frac{1}{2}", "0.5", "So the answer is $7$.") is True
+        assert ask(r"\frac{1}{2}", "0.5", None) is True
+    finally:
+        pool.shutdown()

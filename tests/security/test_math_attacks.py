@@ -62,7 +62,9 @@ def test_payloads_are_not_evaluated_in_prediction_or_gold(payload):
 
 def test_reply_must_match_the_job():
     assert _sympy_worker._reply(b'{"id": 4, "r": true}', 4) == {"id": 4, "r": True}
+    assert _sympy_worker._reply(b'{"id": 4, "r": "c"}', 4) == {"id": 4, "r": "c"}
     for line in [b'{"r": true}', b'{"id": 3, "r": false}', b'{"id": 4, "r": 1}',
+                 b'{"id": 4, "r": "C"}', b'{"id": 4, "r": ["c"]}',
                  b'{"id": 4, "r": true, "x": 0}', b"garbage", None]:
         assert _sympy_worker._reply(line, 4) is None
 
