@@ -17,6 +17,7 @@ import ml_collections
 from jaxrl_reason.runtime import paths
 from jaxrl_reason.data.mixture import MIXTURE_TASK, mixture_problems
 from jaxrl_reason.data.tasks import get_task
+from jaxrl_reason.models.config import ATTENTION_IMPLS
 from jaxrl_reason.rewards.pool import import_reward_modules, resolve_rewards
 from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES
 from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS_MODES
@@ -168,6 +169,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     _one_of(problems, config, "rl.policy_loss_mode", POLICY_LOSS_MODES)
     problems += _algorithm_problems(config)
     _one_of(problems, config, "kernels.backend", ("auto", "pallas", "reference"))
+    if _get(config, "model.attention_impl") is not None:  # optional: older configs lack it
+        _one_of(problems, config, "model.attention_impl", ATTENTION_IMPLS)
     _one_of(problems, config, "rl.advantage_scale", ADVANTAGE_SCALES)
 
     group = _get(config, "rl.num_generations")

@@ -17,6 +17,7 @@ from jaxrl_reason.models.lora import LoraConfig, lora_config
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _DTYPES = ("float32", "bfloat16", "float16")
 _LOGPROBS_IMPLS = ("auto", "full", "chunked", "pallas")
+ATTENTION_IMPLS = ("auto", "reference", "splash", "cudnn")  # see models.attention
 _REMAT = ("none", "block", "save_dots")
 _ROPE_SCALINGS = (None, "linear", "llama3")
 
@@ -107,6 +108,11 @@ class ModelConfig:
             float32 score tensors are [chunk, S] instead of [T, S] per head (long-completion
             training: 5k tokens x 28 heads is 2.8 GB per layer unchunked). Same values; decode
             (one query) is unaffected.
+        attention_impl: which implementation computes attention (`models.attention`):
+            "reference" (jnp), "splash" (TPU splash attention; interpreted off TPU),
+            "cudnn" (`jax.nn.dot_product_attention` with cuDNN, GPU), or "auto" (splash on
+            TPU, cuDNN on GPU, the reference elsewhere). Where a kernel does not apply, the
+            reference runs and the reason is logged once. Same math.
         lora: None, or LoRA adapters on chosen projections (`models.lora.LoraConfig`; a
             mapping with its fields or PEFT's names is converted), optionally over a quantized
             frozen base (QLoRA).
@@ -146,6 +152,7 @@ class ModelConfig:
     scan_layers: bool = False
     logprobs_impl: str = "auto"
     attention_chunk: int = 0
+    attention_impl: str = "auto"
     logprobs_seq_chunk: int = 128
     logprobs_vocab_chunk: int = 8192
     lora: LoraConfig | None = None
@@ -174,6 +181,9 @@ class ModelConfig:
         if not isinstance(self.attention_chunk, int) or self.attention_chunk < 0:
             problems.append(f"attention_chunk must be an int >= 0 (0: off), got "
                             f"{self.attention_chunk!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            problems.append(f"attention_impl must be one of {ATTENTION_IMPLS}, got "
+                            f"{self.attention_impl!r}")
         if self.logprobs_impl not in _LOGPROBS_IMPLS:
             problems.append(f"logprobs_impl must be one of {_LOGPROBS_IMPLS}, got "
                             f"{self.logprobs_impl!r}")

@@ -18,13 +18,16 @@ Conventions for all entry points:
               a decode step reads each head's keys as one contiguous [S, head_dim] block);
               with `cfg.scan_layers` one dict of stacked [n_layers, B, n_kv_heads, S, head_dim]
   cache_index int32 []       slot of tokens[:, 0] in the cache (0 without a cache)
+  segment_ids int32 [B, T]   optional, without a cache: packed rows, >= 1 per sequence, 0
+                             for padding
 Query t attends to key slot s iff s <= cache_index + t and key_valid[b, s] (and, in a
-sliding-window layer, cache_index + t - s < sliding_window).
+sliding-window layer, cache_index + t - s < sliding_window; with segment ids, only inside
+its segment). `models.attention` computes it (`ModelConfig.attention_impl`: jnp reference,
+splash on TPU, cuDNN on GPU).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Sequence
 
@@ -32,15 +35,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxrl_reason.kernels import platform
+from jaxrl_reason.models import attention
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.lora import DROPOUT_RNG, Projection
+from jaxrl_reason.models.attention import (attention_mask, causal_query_blocks,  # noqa: F401
+                                           scale_dim_of)
+from jaxrl_reason.models.matmul import cpu_float32 as _cpu_float32
+from jaxrl_reason.models.matmul import einsum_f32, narrow_transpose_matmul  # noqa: F401
 from jaxrl_reason.runtime.sharding import constrain
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
 CACHE_LOGICAL = ("batch", "kv_heads", "cache_length", "head_dim")
 ACTIVATION_LOGICAL = ("batch", "length", "embed")  # the residual stream [B, T, D]
-_MASK_VALUE = -1e30
 
 
 def _init(cfg: ModelConfig, logical: Sequence[str | None], std: float | None = None):
@@ -133,59 +139,6 @@ def rope(x: jax.Array, positions: jax.Array, theta: float,
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """`jnp.einsum` with a float32 result whose backward matmuls stay in the operands' dtype.
-
-    With bf16 operands, a plain `preferred_element_type=float32` einsum makes both transposed
-    matmuls of the backward pass mix the float32 cotangent with a bf16 operand, i.e. run in
-    float32. Here the cotangent is cast to the operands' dtype first, so they run in bf16 like
-    every other matmul of the model. float32 operands take the plain einsum.
-    """
-    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
-        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-    return _einsum_f32_low_precision(spec, a, b)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _einsum_f32_low_precision(spec, a, b):
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-
-
-def _einsum_f32_fwd(spec, a, b):
-    return _einsum_f32_low_precision(spec, a, b), (a, b)
-
-
-def _einsum_f32_bwd(spec, residuals, g):
-    a, b = residuals
-    g = g.astype(jnp.result_type(a, b))
-    (grad_a,) = jax.linear_transpose(lambda x: jnp.einsum(spec, x, b), a)(g)
-    (grad_b,) = jax.linear_transpose(lambda y: jnp.einsum(spec, a, y), b)(g)
-    return grad_a, grad_b
-
-
-_einsum_f32_low_precision.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
-
-
-def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
-                   window: int | None = None) -> jax.Array:
-    """Causal + validity (+ sliding-window) mask.
-
-    Args:
-      key_valid: bool [B, S].
-      num_queries: T.
-      cache_index: int32 scalar, slot of the first query.
-      window: if set, a query sees only the keys of the last `window` slots, itself
-        included (query_slot - key_slot < window).
-    Returns: bool [B, T, S].
-    """
-    query_slot = cache_index + jnp.arange(num_queries)[:, None]
-    key_slot = jnp.arange(key_valid.shape[1])[None, :]
-    allowed = key_slot <= query_slot
-    if window is not None:
-        allowed = allowed & (query_slot - key_slot < window)
-    return allowed[None] & key_valid[:, None, :]
-
-
 class RMSNorm(nn.Module):
     """RMSNorm over the last axis, computed in float32. x: [..., D] -> [..., D].
 
@@ -212,141 +165,20 @@ def _norm(cfg: ModelConfig, name: str, logical: tuple = ("embed",)) -> RMSNorm:
                    name=name)
 
 
-def scale_dim_of(cfg: ModelConfig) -> float:
-    """The d of the 1 / sqrt(d) score scale: head_dim, or Gemma's query_pre_attn_scalar."""
-    return cfg.head_dim if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar
-
-
-def _cpu_float32(dtype) -> bool:
-    """Whether computation in `dtype` takes the CPU float32 paths measured on this project's
-    CPU benchmarks: matmuls through `narrow_transpose_matmul` (MLP, LM head, attention) and
-    attention in causal query blocks (`_causal_block`)."""
-    return jnp.dtype(dtype) == jnp.float32 and platform.current() == "cpu"
-
-
-def _attend(cfg: ModelConfig, q, k, v, mask):
-    """Softmax attention of q [B, T, K, G, hd] over k, v [B, S, K, hd] with mask bool
-    [B, T, S] (True = may attend); scores and softmax in float32. Returns [B, T, K, G, hd]
-    in q's dtype."""
-    narrow = _cpu_float32(q.dtype)
-    if narrow:  # [B, K, G*T, hd] x [B, K, hd, S]: see narrow_transpose_matmul
-        batch, length, kv_heads, groups, head_dim = q.shape
-        heads_q = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, -1, head_dim)
-        scores = narrow_transpose_matmul(heads_q, jnp.transpose(k, (0, 2, 3, 1)))
-        scores = scores.reshape(batch, kv_heads, groups, length, -1)
-    else:
-        scores = einsum_f32("btkgd,bskd->bkgts", q, k)
-    scores = scores * (scale_dim_of(cfg) ** -0.5)
-    if cfg.attn_logit_softcap is not None:
-        cap = cfg.attn_logit_softcap
-        scores = cap * jnp.tanh(scores / cap)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    if narrow:
-        out = narrow_transpose_matmul(probs.reshape(batch, kv_heads, groups * length, -1),
-                                      jnp.swapaxes(v, 1, 2))          # [B, K, G*T, hd]
-        return jnp.transpose(out.reshape(batch, kv_heads, groups, length, head_dim),
-                             (0, 3, 1, 2, 4))
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
-
-
-def _attend_one_query(cfg: ModelConfig, q, k, v, mask):
-    """`_attend` for T = 1 (a decode step) over the head-major cache: q [B, 1, K, G, hd],
-    k, v [B, K, S, hd], mask bool [B, 1, S]. Returns [B, 1, K, G, hd] in q's dtype.
-
-    Float32 multiply-and-reduce rather than dot_general (same math; only the summation order
-    differs): on XLA:CPU the dot_general form copies the cache into another layout at every
-    step, while this form streams each head's contiguous [S, hd] block once for the scores
-    and once for the values (2.2x faster than over a [B, S, K, hd] cache at bench-tiny's
-    decode shapes).
-    """
-    f32 = jnp.float32
-    q32 = q[:, 0].astype(f32)                                               # [B, K, G, hd]
-    scores = jnp.sum(q32[:, :, :, None] * k.astype(f32)[:, :, None], axis=-1)  # [B, K, G, S]
-    scores = scores * (scale_dim_of(cfg) ** -0.5)
-    if cfg.attn_logit_softcap is not None:
-        cap = cfg.attn_logit_softcap
-        scores = cap * jnp.tanh(scores / cap)
-    scores = jnp.where(mask[:, None], scores, _MASK_VALUE)  # mask [B, 1, 1, S]
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype).astype(f32)
-    out = jnp.sum(probs[..., None] * v.astype(f32)[:, :, None], axis=3)     # [B, K, G, hd]
-    return out[:, None].astype(q.dtype)
-
-
-def causal_query_blocks(num_queries: int, num_keys: int, first_slot: int, block: int,
-                        window: int | None = None) -> list[tuple[int, int, int, int]]:
-    """Static (query start, query end, key start, key end) of each block of `block` queries:
-    query t sits at slot first_slot + t, so a block's last query sees no key past
-    first_slot + end - 1 and (with a sliding `window`) its first none before
-    first_slot + start - window + 1. The key ranges hold every key a block may attend to."""
-    spans = []
-    for start in range(0, num_queries, block):
-        end = min(num_queries, start + block)
-        key_end = min(num_keys, first_slot + end)
-        key_start = 0 if window is None else max(0, first_slot + start - window + 1)
-        spans.append((start, end, min(key_start, key_end), key_end))
-    return spans
-
-
-def _causal_block_attention(cfg: ModelConfig, q, k, v, mask, spans):
-    """`_attend` of each query block over only its key range (`causal_query_blocks`): the
-    keys after a block's last query (and before a sliding window) are masked for all of its
-    queries, so their scores are not computed. Same values wherever a query sees at least
-    one key (a query that sees none, e.g. a left-padding slot, averages the values of its
-    block's range instead of all of them; its output is masked downstream either way).
-    """
-    outs = [_attend(cfg, q[:, a:b], k[:, lo:hi], v[:, lo:hi], mask[:, a:b, lo:hi])
-            for a, b, lo, hi in spans]
-    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
-
-
-def _causal_block(length: int, dtype) -> int | None:
-    """Query block of `_causal_block_attention` for `length` queries, or None to attend in
-    one piece. On CPU (measured: bench-tiny's [64, 8, 127, 159] training attention, forward
-    and backward, 144 -> 96 ms in 4 blocks) about `_CAUSAL_BLOCK` queries per block, at most
-    8 blocks (the program holds one attention per block). Elsewhere None: XLA's TPU/GPU
-    matmuls want larger tiles, and nothing was measured there."""
-    blocks = min(8, round(length / _CAUSAL_BLOCK))
-    if not _cpu_float32(dtype) or blocks < 2:
-        return None
-    return -(-length // blocks)
-
-
-_CAUSAL_BLOCK = 32
-
-
-def _chunked_attention(cfg: ModelConfig, q, k, v, mask, chunk: int):
-    """`_attend` over query chunks of `chunk` positions, one at a time (`lax.map`), each
-    rematerialized in the backward pass: the [B, K, G, T, S] score tensors become
-    [B, K, G, chunk, S] (memory-efficient attention, Rabe & Staats 2021). Same values.
-    T need not be a multiple of `chunk` (the queries are padded, the padding dropped)."""
-    batch, length = q.shape[:2]
-    n = -(-length // chunk)
-    pad = n * chunk - length
-    if pad:
-        q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
-        mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
-    qs = jnp.moveaxis(q.reshape(batch, n, chunk, *q.shape[2:]), 1, 0)
-    ms = jnp.moveaxis(mask.reshape(batch, n, chunk, mask.shape[-1]), 1, 0)
-    step = jax.checkpoint(lambda qm: _attend(cfg, qm[0], k, v, qm[1]))
-    out = jax.lax.map(step, (qs, ms))                       # [n, B, chunk, K, G, hd]
-    out = jnp.moveaxis(out, 0, 1).reshape(batch, n * chunk, *q.shape[2:])
-    return out[:, :length]
-
-
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE and an optional KV cache.
 
     sliding: this layer attends within `cfg.sliding_window` slots (and uses the local RoPE).
     `__call__`'s `layer_sliding`, when given, overrides it with a traced bool [] (the scanned
-    stack's per-layer flag; see `layer_attention_setup`).
+    stack's per-layer flag; see `layer_attention_setup`). The attention itself, and which
+    implementation computes it, is `attention.attend`'s (segment_ids: int32 [B, T] or None).
     """
     cfg: ModelConfig
     sliding: bool = False
 
     @nn.compact
     def __call__(self, x, positions, key_valid, cache, cache_index, layer_sliding=None,
-                 first_slot: int | None = None):
+                 first_slot: int | None = None, segment_ids=None):
         cfg = self.cfg
         sliding = self.sliding if layer_sliding is None else layer_sliding
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
@@ -382,26 +214,10 @@ class Attention(nn.Module):
             k = jax.lax.dynamic_update_slice(cache["k"], head_major(k, cache["k"]), start)
             v = jax.lax.dynamic_update_slice(cache["v"], head_major(v, cache["v"]), start)
             new_cache = {"k": k, "v": v}
-        mask = attention_mask(key_valid, length, cache_index, window)  # [B, T, S]
-
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
-        k, v = k.astype(dtype), v.astype(dtype)
-        if cache is not None and length == 1:  # decode: reads the head-major cache in place
-            out = _attend_one_query(cfg, q, k, v, mask)
-        else:
-            if cache is not None:  # prefill / a tool result: the cache back to [B, S, K, hd]
-                k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-            chunk = cfg.attention_chunk
-            block = None if first_slot is None else _causal_block(length, dtype)
-            if chunk and length > chunk:
-                out = _chunked_attention(cfg, q, k, v, mask, chunk)
-            elif block is not None:
-                # a traced window (the scanned stack's per-layer flag) trims nothing
-                spans = causal_query_blocks(length, k.shape[1], first_slot, block,
-                                            window if isinstance(window, int) else None)
-                out = _causal_block_attention(cfg, q, k, v, mask, spans)
-            else:
-                out = _attend(cfg, q, k, v, mask)
+        out = attention.attend(cfg, q, k.astype(dtype), v.astype(dtype), key_valid,
+                               cache_index, window, head_major=cache is not None,
+                               first_slot=first_slot, segment_ids=segment_ids)
         out = out.reshape(batch, length, cfg.n_heads, cfg.head_dim)
         if cfg.lora is not None:
             out = projection(cfg, "attn.o_proj", (cfg.d_model,), 2,
@@ -411,44 +227,6 @@ class Attention(nn.Module):
                                   param_dtype=pdtype, name="o_proj",
                                   kernel_init=_init(cfg, ("heads", "head_dim", "embed")))(out)
         return out, new_cache
-
-
-def _swap(x: jax.Array) -> jax.Array:
-    return jnp.swapaxes(x, -1, -2)
-
-
-@jax.custom_vjp
-def narrow_transpose_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., M, K] @ w [..., K, N] (or w [K, N], shared by all rows), whose backward
-    contracts the rows M with the narrower of x and the gradient transposed and materialized
-    first. Same values as `jnp.matmul`, forward and backward.
-
-    Left to itself, XLA:CPU fuses the transpose of the wider operand into the elementwise
-    backward that produces it (the MLP's [T, mlp_hidden] gate gradient, the [T, vocab] logits
-    gradient, the [T, S] attention probabilities): a strided write that cost 30-90 ms per
-    layer in bench-tiny's update. The narrower operand's transpose is a plain copy of a
-    fraction of that size.
-    """
-    return jnp.matmul(x, w)
-
-
-def _narrow_transpose_matmul_fwd(x, w):
-    return jnp.matmul(x, w), (x, w)
-
-
-def _narrow_transpose_matmul_bwd(residuals, g):
-    x, w = residuals
-    grad_x = jnp.matmul(g, _swap(w).astype(g.dtype)).astype(x.dtype)
-    if w.ndim == 2:  # one weight for every row: contract all of them
-        x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    if x.shape[-1] <= g.shape[-1]:
-        grad_w = jnp.matmul(jax.lax.optimization_barrier(_swap(x)), g.astype(x.dtype))
-    else:
-        grad_w = _swap(jnp.matmul(jax.lax.optimization_barrier(_swap(g)), x.astype(g.dtype)))
-    return grad_x, grad_w.astype(w.dtype)
-
-
-narrow_transpose_matmul.defvjp(_narrow_transpose_matmul_fwd, _narrow_transpose_matmul_bwd)
 
 
 def cpu_dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
@@ -517,12 +295,13 @@ class Block(nn.Module):
     sliding: bool = False
 
     @nn.compact
-    def __call__(self, x, layer_in, positions, key_valid, cache_index, first_slot=None):
+    def __call__(self, x, layer_in, positions, key_valid, cache_index, first_slot=None,
+                 segment_ids=None):
         cfg = self.cfg
         cache, layer_sliding = layer_in
         h, new_cache = Attention(cfg, self.sliding, name="attn")(
             _norm(cfg, "attn_norm")(x), positions, key_valid, cache, cache_index,
-            layer_sliding, first_slot)
+            layer_sliding, first_slot, segment_ids)
         if cfg.post_norms:
             h = _norm(cfg, "post_attn_norm")(h)
         x = constrain(x + h, ACTIVATION_LOGICAL)
@@ -557,7 +336,7 @@ def _scanned_stack(cfg: ModelConfig):
     return nn.scan(_block_class(cfg.remat, scanned=True),
                    variable_axes={"params": 0},
                    split_rngs={"params": True, DROPOUT_RNG: True},  # a mask per layer
-                   in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                   in_axes=(0,) + (nn.broadcast,) * 5,
                    length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
 
 
@@ -583,7 +362,9 @@ class Transformer(nn.Module):
                                       (cfg.d_model, cfg.vocab_size), pdtype)
 
     def __call__(self, tokens, positions, key_valid, cache: Cache | None = None,
-                 cache_index=0, return_hidden: bool = False):
+                 cache_index=0, return_hidden: bool = False, segment_ids=None):
+        """segment_ids: optional int32 [B, T] without a cache (packed rows: attention stays
+        inside a segment; see `attention`)."""
         cfg = self.cfg
         x = jnp.take(self.embedding, tokens, axis=0).astype(jnp.dtype(cfg.dtype))
         if cfg.embed_scale:
@@ -592,12 +373,13 @@ class Transformer(nn.Module):
         first_slot = cache_index if isinstance(cache_index, int) else None
         if cfg.scan_layers:
             x, new_cache = self.layers(x, (cache, self._layer_sliding_flags()), positions,
-                                       key_valid, cache_index, first_slot)
+                                       key_valid, cache_index, first_slot, segment_ids)
         else:
             new_cache = []
             for i, layer in enumerate(self.layers):
                 x, layer_cache = layer(x, (None if cache is None else cache[i], None),
-                                       positions, key_valid, cache_index, first_slot)
+                                       positions, key_valid, cache_index, first_slot,
+                                       segment_ids)
                 new_cache.append(layer_cache)
             new_cache = None if cache is None else tuple(new_cache)
         x = self.final_norm(x)

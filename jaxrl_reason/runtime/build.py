@@ -111,7 +111,8 @@ def _replicate(tree, sharding):
 # ModelConfig fields that are training/memory knobs, not architecture: with `hf_model` they
 # come from the config's `model` block, everything else from the checkpoint's config.json.
 HF_KNOBS = ("dtype", "param_dtype", "remat", "scan_layers", "logprobs_impl",
-            "logprobs_seq_chunk", "logprobs_vocab_chunk", "attention_chunk", "lora")
+            "logprobs_seq_chunk", "logprobs_vocab_chunk", "attention_chunk", "attention_impl",
+            "lora")
 
 
 def hf_model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:

@@ -269,6 +269,12 @@ def with_activation_sharding(fn, mesh: Mesh | None, rules: Iterable[tuple[str, A
     return wrapped
 
 
+def activation_context() -> tuple[Mesh, tuple] | None:
+    """(mesh, rules) of the innermost `activation_sharding` context, or None outside one
+    (for code that must lay out a computation by hand, e.g. a kernel under `shard_map`)."""
+    return _ACTIVATION_CONTEXT.get()
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     """`x` constrained to the sharding of its logical axes under the active
     `activation_sharding` context; unchanged outside one (or where a dimension does not

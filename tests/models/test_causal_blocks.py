@@ -1,5 +1,5 @@
 """Causal query blocks: on CPU, attention over T >= 48 queries with a static first slot runs
-each block of queries against only the keys it can see (transformer._causal_block_attention).
+each block of queries against only the keys it can see (attention._causal_block_attention).
 The reference is the one-piece attention (`_CAUSAL_BLOCK` set out of reach)."""
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl_reason import models
-from jaxrl_reason.models import scoring, transformer
+from jaxrl_reason.models import attention, scoring
 from jaxrl_reason.models.transformer import Transformer, attention_mask, causal_query_blocks
 from numerics import (attention_loss_tolerances, decoder_grad_tolerance, decoder_tolerance,
                       f32_tolerance)
@@ -36,16 +36,16 @@ def test_spans_cover_every_key_the_mask_allows(num_queries, num_keys, first_slot
 
 
 def _no_blocks(monkeypatch):
-    monkeypatch.setattr(transformer, "_CAUSAL_BLOCK", 10 ** 9)
+    monkeypatch.setattr(attention, "_CAUSAL_BLOCK", 10 ** 9)
 
 
 def test_block_choice():
     f32 = jnp.float32
-    assert transformer._causal_block(127, f32) == 32
-    assert transformer._causal_block(100, f32) == 34
-    assert transformer._causal_block(40, f32) is None          # round(40 / 32) = 1 block
-    assert transformer._causal_block(4096, f32) == 512         # at most 8 blocks
-    assert transformer._causal_block(127, jnp.bfloat16) is None
+    assert attention._causal_block(127, f32) == 32
+    assert attention._causal_block(100, f32) == 34
+    assert attention._causal_block(40, f32) is None          # round(40 / 32) = 1 block
+    assert attention._causal_block(4096, f32) == 512         # at most 8 blocks
+    assert attention._causal_block(127, jnp.bfloat16) is None
 
 
 @pytest.mark.parametrize("softcap,window", [(None, None), (30.0, 20)])
@@ -65,9 +65,9 @@ def test_block_attention_equals_one_piece_values_and_gradients(softcap, window):
 
     def loss(fn):
         return lambda *a: jnp.sum(fn(cfg, *a, mask) * cot)
-    blocked = lambda cfg, *a: transformer._causal_block_attention(cfg, *a, spans)  # noqa: E731
+    blocked = lambda cfg, *a: attention._causal_block_attention(cfg, *a, spans)  # noqa: E731
     got = jax.value_and_grad(loss(blocked), argnums=(0, 1, 2))(q, k, v)
-    want = jax.value_and_grad(loss(transformer._attend), argnums=(0, 1, 2))(q, k, v)
+    want = jax.value_and_grad(loss(attention._attend), argnums=(0, 1, 2))(q, k, v)
     # Query blocks over key prefixes vs one piece: other summation orders (tests/numerics.py).
     loss_atol, grad_atol = attention_loss_tolerances(q, k, v, cot, want[1], keys=s,
                                                      queries=t * g, scale=hd ** -0.5)
@@ -103,8 +103,8 @@ def test_model_forward_and_gradients_unchanged(monkeypatch, overrides):
         return jnp.sum(jnp.where(valid[..., None], logits, 0.0) ** 2), logits
 
     calls = []
-    real = transformer._causal_block_attention
-    monkeypatch.setattr(transformer, "_causal_block_attention",
+    real = attention._causal_block_attention
+    monkeypatch.setattr(attention, "_causal_block_attention",
                         lambda *a: calls.append(a[-1]) or real(*a))
     (got_loss, got_logits), got_grads = jax.value_and_grad(loss, has_aux=True)(params)
     assert calls and all(len(spans) == 2 for spans in calls)
@@ -145,8 +145,8 @@ def test_prefill_skips_the_empty_cache_and_decode_is_unchanged(monkeypatch):
         return logits, cache, nxt
 
     spans = []
-    real = transformer._causal_block_attention
-    monkeypatch.setattr(transformer, "_causal_block_attention",
+    real = attention._causal_block_attention
+    monkeypatch.setattr(attention, "_causal_block_attention",
                         lambda *a: spans.append(a[-1]) or real(*a))
     got = run()
     assert spans and all(hi <= t for *_, hi in spans[0])

@@ -410,7 +410,7 @@ def test_cpu_attention_layout_equals_the_einsum_form_values_and_gradients(softca
     """On CPU (float32) `_attend` runs [B, K, G*T, hd] matmuls through
     narrow_transpose_matmul; the einsum form (what other platforms trace) is the reference."""
     from jaxrl_reason.kernels import platform
-    from jaxrl_reason.models.transformer import _attend
+    from jaxrl_reason.models.attention import _attend
     cfg = models.get_preset("test", attn_logit_softcap=softcap)
     b, t, s, kv, g, hd = 2, 5, 7, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = jax.random.normal(jax.random.key(0), (b, t, kv, g, hd))

@@ -382,7 +382,7 @@ def test_inverse_cdf_sampling_over_blocks():
 def test_decode_attention_matches_einsum():
     """The one-query (decode) attention over the head-major cache equals the plain
     [B, S, K, hd] einsum attention (and `_attend`, which the prefill and training use)."""
-    from jaxrl_reason.models import transformer as tr
+    from jaxrl_reason.models import attention as tr
 
     rng = np.random.default_rng(0)
     batch, s, kv, g, hd = 3, 7, 2, 2, 8
