@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The commit before the verifier moved onto math-verify (the syntax-tree sympy verifier).
 DEFAULT_REV = "6a983c8"
 _FILES = ("math.py", "_latex.py", "_latex_structures.py", "_latex_sympy.py", "_sympy_worker.py",
-          "_sympy_tree.py", "base.py", "isolation.py")
+          "_sympy_tree.py", "_latex_verify.py", "base.py", "isolation.py")
+_OPTIONAL = ("_latex_structures.py", "_latex_sympy.py", "_latex_verify.py")  # not in every rev
 
 
 def load_old_verifier(rev: str = DEFAULT_REV):
@@ -35,6 +36,8 @@ def load_old_verifier(rev: str = DEFAULT_REV):
             text = subprocess.run(["git", "show", f"{rev}:jaxrl_reason/rewards/{file}"], cwd=ROOT,
                                   capture_output=True, text=True, check=True).stdout
         except subprocess.CalledProcessError as e:
+            if file in _OPTIONAL:
+                continue
             raise ValueError(f"git show {rev}:jaxrl_reason/rewards/{file} failed: "
                              f"{e.stderr.strip()}") from e
         (pkg / file).write_text(text.replace("jaxrl_reason.rewards", name))

@@ -118,7 +118,12 @@ def main(argv: list[str] | None = None) -> dict:
         m, c = r["main"], r["conventions"]
         print(f"| {name} | {m['accuracy']:.1%} ({m['correct']}/{m['n']}) | "
               f"{c['correct']}/{c['n']} | {r['seconds']:.1f} |")
-    out = {"cases": str(args.cases), "old_rev": rev, "results": results,
+    command = "python benchmarks/verifier_accuracy.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    out = {"command": command.strip(), "cases": str(args.cases.relative_to(ROOT)
+                                                   if args.cases.is_relative_to(ROOT)
+                                                   else args.cases),
+           "old_rev": rev, "results": results,
            "per_case": [{**c, **{name: verdicts[name][group][i] for name in verifiers}}
                         for group, items in (("main", main_cases), ("conventions", conv_cases))
                         for i, c in enumerate(items)]}

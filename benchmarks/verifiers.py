@@ -1,31 +1,41 @@
-r"""Throughput and latency of the `correctness` verifier inside `RewardPool`.
+r"""Throughput and latency of the `correctness` verifier inside `RewardPool`, today's beside
+an older one, measured in the same run.
 
-    python benchmarks/verifiers.py                      # ~5-8 min on 2 cores
-    python benchmarks/verifiers.py --workers 1 2 4 --clean 1024 --json out.json
+    python benchmarks/verifiers.py --json docs/verifier_speed.json    # ~5 min on 2 cores
+    python benchmarks/verifiers.py --workers 1 2 4 --clean 512 --isolation off bwrap
 
 Builds a fixed-seed set of realistic math completions (R1-style `<think>...</think>
 <answer>...</answer>` or a `\boxed{}` ending after a few hundred to a few thousand characters
-of reasoning) with gold answers: integers and GSM8K `#### N` keys, fractions, decimals,
+of reasoning, or a closing "The answer is \(...\)." that also goes to math-verify's own
+extraction) with gold answers: integers and GSM8K `#### N` keys, fractions, decimals,
 percentages, LaTeX expressions that need sympy, sets, intervals, tuples, matrices and
-equations, about half of them wrong. Then, for each thread count W:
+equations, about half of them wrong. Then, for each thread count W, in
+`RewardPool({"correctness": 1.0}, num_workers=W)`, `--repeats` times and alternating
+between the verifiers batch by batch (so a change of load on a shared machine hits both):
 
-  * answers/second of `RewardPool({"correctness": 1.0}, num_workers=W)` on the clean set
-    (median of `--repeats` batches);
-  * p50/p99 latency of one `correctness` call (a timing wrapper registered as another reward);
+  * cold: answers/second on the clean set with the sympy pool's verdict cache emptied
+    first, so that every distinct answer pays its worker job, as new model outputs do;
+    p50/p99 latency of one `correctness` call in these batches (a timing wrapper registered
+    as another reward);
+  * cached: the same batch again right after (repeated answer/gold pairs, and the parent's
+    own work: extraction, normalization, the exact number and word rules);
   * the wall time of a 256-item batch of which 5% are adversarial (power towers, a
     million-character completion, 10^4 nested braces, `(10^{9999})^{9999}`, which the
     syntax-tree builder refuses, and a sum of sines of 10^{59940}-sized integers, which it
     admits and which is cut at the deadline).
 
-Each of the above runs for both verifiers, today's and the one of `--old-rev` (by default
-the syntax-tree sympy verifier that preceded math-verify, loaded from git next to today's
-by `_old_verifier.py`), once per `--isolation` mode, in the same process: "off" (the sympy
-zygotes run as the trainer's own user, no namespaces) and "bwrap" (the default: each zygote
-under bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces). Both fork
-one job per comparison. Per verifier and mode, the zygotes' start-up (cold) and the rate of
-raw sympy comparisons (`SympyPool.compare` on distinct pairs from 2 threads, no string fast
-paths) are reported too. The verdicts are checked against the known labels, so a regression
-in correctness also shows up here.
+The older verifiers are those of `--old-rev` (by default the syntax-tree sympy verifier that
+preceded math-verify; several revisions may be given), loaded from git next to today's by
+`_old_verifier.py`. Isolation modes (`--isolation`): "bwrap" (the default: each zygote under
+bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces) and "off" (the
+zygotes run as the trainer's own user). Every verifier forks one job per comparison. Per
+verifier and mode, the zygotes' start-up (cold) and the rate of raw sympy comparisons
+(`SympyPool.compare` on distinct pairs from 2 threads, no string fast paths) are reported
+too, and the ratios of today's throughput and p99 to the older one's. The verdicts are
+checked against the labels below (today's conventions: a tuple is not a column vector; `i`
+is a variable, as in latex2sympy), so a regression in correctness also shows up here; one
+known miss of today's verifier is kept labelled as the mathematics says (`x<1 \text{ or }
+x>2` is the union of two rays).
 """
 from __future__ import annotations
 
@@ -67,8 +77,8 @@ _CASES = [
     ("(-\\infty,1)\\cup(2,\\infty)", ["x<1 \\text{ or } x>2", "(2,\\infty)\\cup(-\\infty,1)"],
      ["(-\\infty,1]\\cup(2,\\infty)"]),
     ("(3, \\frac{\\pi}{2})", ["\\left( 3, \\frac{\\pi}{2} \\right)"], ["(\\frac{\\pi}{2}, 3)"]),
-    (r"\begin{pmatrix} 1 \\ -2 \end{pmatrix}", ["(1,-2)", r"\begin{bmatrix}1\\-2\end{bmatrix}"],
-     ["(-2,1)"]),
+    (r"\begin{pmatrix} 1 \\ -2 \end{pmatrix}", [r"\begin{bmatrix}1\\-2\end{bmatrix}"],
+     ["(-2,1)", "(1,-2)"]),  # a tuple is not a column vector (math-verify's strict mode)
     ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
      ["\\left[\\begin{array}{cc}1 & 2 \\\\ 3 & 4\\end{array}\\right]"],
      ["\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}"]),
@@ -76,7 +86,7 @@ _CASES = [
     ("\\text{odd}", ["odd", "\\text{Odd}"], ["even"]),
     ("\\infty", ["\\infty"], ["-\\infty"]),
     ("\\frac{1}{3}", ["0.333333", "\\dfrac{1}{3}"], ["0.33"]),
-    ("e^{i\\pi}", ["-1"], ["1"]),
+    ("e^{i\\pi}", ["e^{\\pi i}"], ["1", "-1"]),  # `i` is a variable (latex2sympy's reading)
 ]
 
 _ADVERSARIAL = [
@@ -164,120 +174,193 @@ def _raw_rate(sympy_pool, n: int, threads: int) -> float:
     return rate
 
 
-def _run_workers(pool_cls, workers: int, args, clean, hostile, latencies: list) -> dict:
-    """One row: clean-batch rate and latency, then the adversarial batch, at W threads."""
-    with pool_cls({"correctness_timed": 1.0}, num_workers=workers,
-                  timeout_s=args.pool_timeout) as pool:
-        pool.score([c for c, _, _ in clean[:32]], [e for _, e, _ in clean[:32]])  # warm-up
-        latencies.clear()
-        rates = []
+def _timed_pass(pool, items, latencies: list) -> tuple[float, list[float], object]:
+    """(answers/s, per-call latencies in s, BatchRewards) of one batch through `pool`."""
+    latencies.clear()
+    t0 = time.perf_counter()
+    result = pool.score([c for c, _, _ in items], [e for _, e, _ in items])
+    return len(items) / (time.perf_counter() - t0), list(latencies), result
+
+
+def _mislabelled(result, name: str, items) -> int:
+    """Verdicts of `result` that disagree with the labels of `items` (adversarial skipped)."""
+    return sum(bool(s > 0.5) != want for s, (_, _, want) in
+               zip(result.components[name], items) if want is not None)
+
+
+def _run_workers(verifiers: dict, workers: int, args, clean, hostile) -> list[dict]:
+    """One row per verifier at W threads. The verifiers alternate batch by batch, so that a
+    change of load on a shared machine hits them alike. Per repeat and verifier: a cold
+    pass (its sympy pool's verdict cache emptied first, so every answer pays its full cost,
+    as new model outputs do) and a cached pass (the same batch again)."""
+    from jaxrl_reason.rewards import RewardPool
+
+    pools = {name: RewardPool({v["reward"]: 1.0}, num_workers=workers,
+                              timeout_s=args.pool_timeout) for name, v in verifiers.items()}
+    stats = {name: {"cold": [], "cached": [], "cold_lat": [], "cached_lat": []}
+             for name in verifiers}
+    try:
+        for name, v in verifiers.items():  # warm-up: threads, imports, worker start-up
+            pools[name].score([c for c, _, _ in clean[:32]], [e for _, e, _ in clean[:32]])
         for _ in range(args.repeats):
+            for name, v in verifiers.items():
+                v["sympy_pool"]._verdicts.clear()
+                rate, lat, cold = _timed_pass(pools[name], clean, v["latencies"])
+                stats[name]["cold"].append(rate)
+                stats[name]["cold_lat"] += lat
+                rate, lat, cached = _timed_pass(pools[name], clean, v["latencies"])
+                stats[name]["cached"].append(rate)
+                stats[name]["cached_lat"] += lat
+                stats[name]["mislabelled"] = _mislabelled(cold, v["reward"], clean)
+        rows = []
+        for name, v in verifiers.items():
             t0 = time.perf_counter()
-            result = pool.score([c for c, _, _ in clean], [e for _, e, _ in clean])
-            rates.append(len(clean) / (time.perf_counter() - t0))
-        clean_lat = list(latencies)
-        scores = result.components["correctness_timed"]
-        mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in zip(scores, clean))
-        t0 = time.perf_counter()
-        bad = pool.score([c for c, _, _ in hostile], [e for _, e, _ in hostile])
-        hostile_s = time.perf_counter() - t0
-        bad_scores = bad.components["correctness_timed"]
-        bad_mislabelled = sum(bool(s > 0.5) != want for s, (_, _, want) in
-                              zip(bad_scores, hostile) if want is not None)
-    return {
-        "workers": workers,
-        "answers_per_s": statistics.median(rates),
-        "p50_ms": 1e3 * statistics.median(clean_lat),
-        "p99_ms": 1e3 * _percentile(clean_lat, 0.99),
-        "mislabelled": mislabelled,
-        "adversarial_batch_s": hostile_s,
-        "adversarial_reasons": dict(bad.reasons),
-        "adversarial_mislabelled": bad_mislabelled,
-    }
+            bad = pools[name].score([c for c, _, _ in hostile], [e for _, e, _ in hostile])
+            st = stats[name]
+            rows.append({
+                "verifier": name, "workers": workers,
+                "answers_per_s": statistics.median(st["cold"]),
+                "p50_ms": 1e3 * statistics.median(st["cold_lat"]),
+                "p99_ms": 1e3 * _percentile(st["cold_lat"], 0.99),
+                "cached_answers_per_s": statistics.median(st["cached"]),
+                "cached_p99_ms": 1e3 * _percentile(st["cached_lat"], 0.99),
+                "mislabelled": st["mislabelled"],
+                "adversarial_batch_s": time.perf_counter() - t0,
+                "adversarial_reasons": dict(bad.reasons),
+                "adversarial_mislabelled": _mislabelled(bad, v["reward"], hostile),
+            })
+    finally:
+        for pool in pools.values():
+            pool.close()
+    return rows
+
+
+def _ratios(rows: list[dict], current: str) -> list[dict]:
+    """Per isolation mode, W and older verifier: current's throughput and p99 relative to
+    it (throughput ratio > 0.5 and p99 ratio < 2 is within the 2x bound)."""
+    out = []
+    for r in rows:
+        if r["verifier"] == current:
+            continue
+        ours = next(x for x in rows if x["verifier"] == current and
+                    x["isolation"] == r["isolation"] and x["workers"] == r["workers"])
+        out.append({"isolation": r["isolation"], "workers": r["workers"], "vs": r["verifier"],
+                    "answers_per_s": ours["answers_per_s"] / r["answers_per_s"],
+                    "p99": ours["p99_ms"] / r["p99_ms"],
+                    "cached_answers_per_s": ours["cached_answers_per_s"]
+                    / r["cached_answers_per_s"]})
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--clean", type=int, default=1024, help="items in the clean batch")
-    parser.add_argument("--repeats", type=int, default=3, help="clean batches per W (median)")
+    parser.add_argument("--clean", type=int, default=512, help="items in the clean batch")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="cold + cached batches per verifier and W (median)")
     parser.add_argument("--adversarial-batch", type=int, default=256)
     parser.add_argument("--adversarial-frac", type=float, default=0.05)
     parser.add_argument("--pool-timeout", type=float, default=60.0, help="RewardPool timeout_s")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--isolation", nargs="+", default=["off", "bwrap"],
+    parser.add_argument("--isolation", nargs="+", default=["bwrap"],
                         choices=["off", "bwrap"], help="sympy worker isolation modes to run")
     parser.add_argument("--raw", type=int, default=400, help="pairs for the raw sympy rate")
-    parser.add_argument("--old-rev", default=None,
-                        help="git revision of the older verifier run beside today's "
-                             "(default: _old_verifier.DEFAULT_REV); 'none' skips it")
+    parser.add_argument("--old-rev", nargs="+", default=None,
+                        help="git revision(s) of older verifiers run beside today's "
+                             "(default: _old_verifier.DEFAULT_REV); 'none' skips them")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    from jaxrl_reason.rewards import RewardPool, _sympy_worker, get_reward, register_reward
+    from jaxrl_reason.rewards import _sympy_worker, get_reward
     import_s = time.perf_counter() - start
     from _old_verifier import DEFAULT_REV, load_old_verifier
 
-    latencies, lock = [], threading.Lock()
-    verifiers = {"current": (get_reward("correctness"), _sympy_worker)}
-    rev = args.old_rev or DEFAULT_REV
-    if rev != "none":
+    fns = {"current": (get_reward("correctness"), _sympy_worker)}
+    revs = [r for r in args.old_rev or [DEFAULT_REV] if r != "none"]
+    for rev in revs:
         old = load_old_verifier(rev)
-        verifiers[f"old {rev}"] = (old.correctness, sys.modules[old.__package__ + "._sympy_worker"])
-    active = {}
-
-    @register_reward("correctness_timed", overwrite=True)
-    def correctness_timed(completion, example):
-        t0 = time.perf_counter()
-        out = active["fn"](completion, example)
-        with lock:
-            latencies.append(time.perf_counter() - t0)
-        return out
+        fns[f"old {rev}"] = (old.correctness, sys.modules[old.__package__ + "._sympy_worker"])
+    verifiers = {name: {"reward": f"correctness_timed_{k}", "module": module, "latencies": []}
+                 for k, (name, (_, module)) in enumerate(fns.items())}
+    for name, (fn, _) in fns.items():
+        _register_timed(verifiers[name]["reward"], fn, verifiers[name]["latencies"])
 
     clean = build_items(args.clean, 0.0, args.seed)
     hostile = build_items(args.adversarial_batch, args.adversarial_frac, args.seed + 1)
     rows, modes = [], {}
-    for name, (fn, worker_module) in verifiers.items():
-        active["fn"] = fn
-        for mode in args.isolation:
-            sympy_pool = worker_module.SympyPool(isolate=mode == "bwrap")
-            worker_module._POOL = sympy_pool  # what that verifier's get_pool() hands out
+    for mode in args.isolation:
+        for name, v in verifiers.items():
+            v["sympy_pool"] = v["module"].SympyPool(isolate=mode == "bwrap")
+            v["module"]._POOL = v["sympy_pool"]  # what that verifier's get_pool() hands out
             start = time.perf_counter()
-            ready = sympy_pool.warm()
+            ready = v["sympy_pool"].warm()
             modes[f"{name} / {mode}"] = {
                 "startup_s": time.perf_counter() - start, "workers": ready,
-                "raw_compare_per_s": _raw_rate(sympy_pool, args.raw, threads=2)}
+                "raw_compare_per_s": _raw_rate(v["sympy_pool"], args.raw, threads=2)}
+        try:
             for workers in args.workers:
-                rows.append(dict(verifier=name, isolation=mode, **_run_workers(
-                    RewardPool, workers, args, clean, hostile, latencies)))
-            sympy_pool.shutdown()
-            worker_module._POOL = None
+                rows += [dict(isolation=mode, **row) for row in
+                         _run_workers(verifiers, workers, args, clean, hostile)]
+        finally:
+            for v in verifiers.values():
+                v["sympy_pool"].shutdown()
+                v["module"]._POOL = None
 
+    ratios = _ratios(rows, "current") if len(fns) > 1 else []
+    _print(import_s, modes, rows, ratios, args, clean, hostile)
+    out = {"command": "python benchmarks/verifiers.py " + " ".join(sys.argv[1:] if argv is None
+                                                                   else argv),
+           "import_s": import_s, "old_revs": revs, "isolation": modes,
+           "clean_items": len(clean), "repeats": args.repeats,
+           "adversarial_items": sum(want is None for _, _, want in hostile), "rows": rows,
+           "current_vs_old": ratios}
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def _register_timed(name: str, fn, latencies: list) -> None:
+    """Register reward `name`: `fn`, its wall time per call appended to `latencies`."""
+    from jaxrl_reason.rewards import register_reward
+
+    lock = threading.Lock()
+
+    @register_reward(name, overwrite=True)
+    def timed(completion, example):
+        t0 = time.perf_counter()
+        out = fn(completion, example)
+        with lock:
+            latencies.append(time.perf_counter() - t0)
+        return out
+
+
+def _print(import_s, modes, rows, ratios, args, clean, hostile) -> None:
     n_bad = sum(want is None for _, _, want in hostile)
     print(f"import {import_s:.2f} s")
     for mode, m in modes.items():
         print(f"{mode}: sympy start-up (cold, {m['workers']} workers) "
               f"{m['startup_s']:.2f} s; raw sympy comparisons {m['raw_compare_per_s']:.0f}/s "
               f"(2 threads, {args.raw} distinct pairs)")
-    print(f"clean batch: {len(clean)} items x {args.repeats}; adversarial batch: "
-          f"{len(hostile)} items, {n_bad} adversarial\n")
-    print(f"| verifier | isolation | threads W | answers/s | p50 ms | p99 ms | wrong verdicts | "
+    print(f"clean batch: {len(clean)} items, {args.repeats} x (cold + cached) per verifier; "
+          f"adversarial batch: {len(hostile)} items, {n_bad} adversarial\n")
+    print(f"| verifier | isolation | threads W | answers/s cold | p50 ms | p99 ms | "
+          f"answers/s cached | p99 ms cached | wrong verdicts | "
           f"{len(hostile)}-batch w/ {n_bad} adversarial (s) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['verifier']} | {r['isolation']} | {r['workers']} | "
               f"{r['answers_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+              f"{r['cached_answers_per_s']:.0f} | {r['cached_p99_ms']:.1f} | "
               f"{r['mislabelled']} + {r['adversarial_mislabelled']} "
               f"| {r['adversarial_batch_s']:.2f} |")
+    for q in ratios:
+        print(f"current / {q['vs']} ({q['isolation']}, W={q['workers']}): answers/s cold "
+              f"x{q['answers_per_s']:.2f}, p99 x{q['p99']:.2f}, answers/s cached "
+              f"x{q['cached_answers_per_s']:.2f}")
     for r in rows:
         print(f"{r['verifier']} {r['isolation']} W={r['workers']} adversarial-batch reasons: "
               f"{r['adversarial_reasons']}")
-    out = {"import_s": import_s, "old_rev": rev, "isolation": modes,
-           "clean_items": len(clean), "adversarial_items": n_bad, "rows": rows}
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2))
-    return out
 
 
 if __name__ == "__main__":
