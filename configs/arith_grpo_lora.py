@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.lora = ml_collections.ConfigDict({
         "rank": 8,                          # adapter rank r (PEFT: r)
         "alpha": 16.0,                      # output scaled by alpha / rank (PEFT: lora_alpha)
-        "dropout": 0.0,                     # only 0 is supported
+        "dropout": 0.0,                     # on the adapter input, in updates only
         "targets": ("all-linear",),         # regexes over q/k/v/o_proj, gate/up/down_proj
         "base_quant": "none",               # frozen base storage: none | int8 | nf4 (QLoRA)
     })

@@ -186,8 +186,8 @@ def check_base_fingerprint(expected: Mapping, params: Mapping, where: str) -> No
 def check_rl_config(cfg: ModelConfig, rl: Mapping) -> None:
     """ValueError listing what an RL config asks of a LoRA policy that LoRA cannot do:
     `rl.ref_sync_every` (the reference is the base with the adapters removed: there is no
-    separate copy to mix toward the policy) and PPO's critic (a value model without
-    adapters). Nothing without `cfg.lora`."""
+    separate copy to mix toward the policy). PPO's critic trains its own adapters on the
+    same base (`rl/critic.py`). Nothing without `cfg.lora`."""
     if cfg.lora is None:
         return
     problems = []
@@ -195,10 +195,5 @@ def check_rl_config(cfg: ModelConfig, rl: Mapping) -> None:
         problems.append(f"rl.ref_sync_every={rl.get('ref_sync_every')}: mixing the reference "
                         f"toward the policy is not supported with model.lora (the reference "
                         f"is the base with the adapters removed, not a copy); set it to 0")
-    if rl.get("advantage_estimator") == "gae":
-        problems.append("rl.advantage_estimator='gae': PPO's critic is a full value model "
-                        "without adapters and cannot start from a LoRA policy's (possibly "
-                        "quantized) tree; use a group estimator (grpo, rloo, reinforce_pp) "
-                        "with model.lora, or drop model.lora for PPO")
     if problems:
         raise ValueError("LoRA: " + "; ".join(problems))

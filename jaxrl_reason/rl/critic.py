@@ -10,6 +10,12 @@ jitted value pass and update) are in `rl/value.py`; this module wires them to a 
                   `trains_policy(step)`, `checkpoint_tree()` / `load_checkpoint_tree(tree)`
 
 The checkpoint layout is the trainer's "value_state" entry: {"step", "params", "opt_state"}.
+
+With a LoRA policy (`model.lora`) the critic has no trunk of its own: it trains its own
+adapters and the head on the policy's frozen (possibly quantized) base, read through
+`policy_params` at each call (the policy's update donates its buffers, so the critic keeps
+no reference to them). Its checkpoint entry then holds only the adapters, the head and their
+optimizer state.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_reason.rl.batches import Rollout
-from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn, make_value_update_fn,
+from jaxrl_reason.models.lora import without_adapters
+from jaxrl_reason.rl.value import (create_critic_state, gae, init_lora_value_params,
+                                   init_value_params, make_value_fn, make_value_update_fn,
                                    token_rewards, whiten)
 from jaxrl_reason.runtime.train_state import (TrainState, create_train_state,
                                               learning_rate_schedule, make_optimizer)
@@ -58,25 +66,38 @@ class Critic:
 
     per_token = True  # advantages [N, L]: see `rl/group_estimator.py` for the interface
 
-    def __init__(self, rt, rl, init_params, sft_params=None):
+    def __init__(self, rt, rl, init_params, sft_params=None,
+                 policy_params: Callable[[], Any] | None = None):
         """rt: the `Runtime` (model, mesh, rules, `put`); rl: the config's `rl` section (its
         `value` subsection: init, learning_rate, clip_range, warmup_steps, weight_decay,
-        max_grad_norm)."""
+        max_grad_norm). policy_params: returns the policy's current params; required with
+        `model.lora` (the critic's adapters read the policy's frozen base through it)."""
         v = rl.value
         if v.init not in VALUE_INITS:
             raise ValueError(f"rl.value.init must be one of {VALUE_INITS}, got {v.init!r}")
+        self.lora = rt.model_cfg.lora is not None
+        if self.lora:
+            _check_lora(v.init, policy_params)
         source = {"policy": init_params, "random": None,
                   "sft": sft_params if sft_params is not None else init_params}[v.init]
         self.optimizer = make_optimizer(
             learning_rate_schedule(v.learning_rate, rl.warmup_steps, rl.steps, "constant"),
             weight_decay=v.weight_decay, max_grad_norm=v.max_grad_norm)
-        params = init_value_params(rt.model_cfg, jax.random.key(rt.config.seed + 2),
-                                   rt.mesh, rt.rules, from_params=source)
-        self.state = create_train_state(params, self.optimizer)
-        self.values_fn = make_value_fn(rt.model, rt.mesh, rt.rules)
+        rng = jax.random.key(rt.config.seed + 2)
+        if self.lora:  # own adapters + head on the policy's frozen base
+            params = init_lora_value_params(rt.model_cfg, rng, rt.mesh, rt.rules,
+                                            from_params=source)
+            self.state = create_critic_state(params, self.optimizer)
+        else:
+            params = init_value_params(rt.model_cfg, rng, rt.mesh, rt.rules,
+                                       from_params=source)
+            self.state = create_train_state(params, self.optimizer)
+        self.policy_params = policy_params
+        self.values_fn = make_value_fn(rt.model, rt.mesh, rt.rules, lora=self.lora)
         self.update_fn = make_value_update_fn(
             rt.model, self.optimizer, clip_range=v.clip_range or None, loss_type="bnpo",
-            max_completion_length=rl.max_new_tokens, mesh=rt.mesh, rules=rt.rules)
+            max_completion_length=rl.max_new_tokens, mesh=rt.mesh, rules=rt.rules,
+            lora=self.lora)
         self.put = rt.put
         self.gamma, self.lam = rl.gamma, rl.lam
         self.whiten_advantages = bool(rl.whiten_advantages)
@@ -105,7 +126,7 @@ class Critic:
         """
         del lengths
         rollout = rollout()
-        values = self.values_fn(self.state.params, *rollout.scoring_args())
+        values = self.values_fn(self.state.params, *self._base(), *rollout.scoring_args())
         advantages, returns = ppo_advantages(
             self.put(np.asarray(seq_rewards, np.float32)), rollout.mask, values, kl,
             jnp.float32(beta), gamma=self.gamma, lam=self.lam,
@@ -117,8 +138,12 @@ class Critic:
         "old_values" and "returns" from `advantages`); returns its metrics (f32 [] on the
         device: value_loss, value_clip_frac, value_mean, explained_variance,
         value_grad_norm)."""
-        self.state, metrics = self.update_fn(self.state, batch)
+        self.state, metrics = self.update_fn(self.state, *self._base(), batch)
         return metrics
+
+    def _base(self) -> tuple:
+        """(the policy's frozen base,) for a LoRA critic's calls, else ()."""
+        return (without_adapters(self.policy_params()),) if self.lora else ()
 
     def checkpoint_tree(self) -> dict[str, Any]:
         """The critic's part of an RL checkpoint: {"step": int32 [], "params", "opt_state"}."""
@@ -136,3 +161,16 @@ class Critic:
     def restore_extra(self, extra: dict[str, Any]) -> None:
         """Restores the critic from the extra items of an RL checkpoint."""
         self.load_checkpoint_tree(extra["value_state"])
+
+
+def _check_lora(init: str, policy_params) -> None:
+    """ValueError for what a LoRA policy's critic cannot do: a random trunk (it shares the
+    policy's frozen base), or no access to that base."""
+    if init == "random":
+        raise ValueError("rl.value.init='random' with model.lora: the critic's trunk is the "
+                         "policy's frozen base plus its own adapters, so it cannot be random; "
+                         "use 'policy' or 'sft'")
+    if policy_params is None:
+        raise ValueError("LoRA with a critic that has no adapters: a LoRA policy's critic "
+                         "needs policy_params (the policy's frozen base) to train its own "
+                         "adapters on")

@@ -113,7 +113,8 @@ class RLTrainer:
         # `init_params`) or a group estimator of the registry; the one place that asks. A
         # critic's advantages are per token: its passes take a prompt per row, no row is
         # skipped, and the KL in the reward goes into its token rewards.
-        self.advantage_source = (Critic(rt, rl, init_params, ref_params)
+        self.advantage_source = (Critic(rt, rl, init_params, ref_params,
+                                        policy_params=lambda: self.state.params)
                                  if rl.advantage_estimator == "gae"
                                  else GroupEstimator(rl, self.kernel_backend))
         per_token = self.advantage_source.per_token
@@ -125,7 +126,7 @@ class RLTrainer:
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
                                           rt.mesh, rt.rules)
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
-                                        self.kernel_backend)
+                                        self.kernel_backend, dropout_seed=rt.config.seed + 4)
         self.ckpt = PhaseCheckpointer(rt, "rl")
 
     # ------------------------------------------------------------------ host offload

@@ -12,6 +12,9 @@ The pieces the trainer names, each a small pure function:
 - `value_loss`: the PPO clipped value loss and its metrics.
 - `make_value_fn` / `make_value_update_fn`: jitted scoring and donated critic updates, the
   counterparts of `rl/update.py`'s `make_logprob_fn` / `make_update_fn`.
+- With a LoRA policy (`model.lora`) the critic holds no trunk of its own: its trained params
+  are its own adapters and the head (`init_lora_value_params`), read on top of the policy's
+  frozen (possibly quantized) base, passed to every call (`lora_value_params`; no copy).
 
 Value params layout (see `value_head.py`):
 
@@ -39,23 +42,28 @@ from typing import Any, Iterable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 from jax.sharding import Mesh
 
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
+from jaxrl_reason.models import lora as lora_lib
 from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.lora_params import init_adapters
 from jaxrl_reason.models.scoring import sequence_inputs
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
                                             value_param_shardings)
 from jaxrl_reason.rl.losses import LOSS_AGGREGATIONS, aggregate_loss
-from jaxrl_reason.runtime.train_state import TrainState, apply_gradients
+from jaxrl_reason.runtime.train_state import TrainState, apply_gradients, opt_state_shardings
 
 Array = jnp.ndarray
 
 __all__ = [
     "completion_values",
     "gae",
+    "init_lora_value_params",
     "init_value_params",
+    "lora_value_params",
     "make_value_fn",
     "make_value_update_fn",
     "token_rewards",
@@ -121,6 +129,74 @@ def init_value_params(model_cfg: ModelConfig, rng: jax.Array, mesh: Mesh,
         return {"trunk": copied, "head": fresh(key)["head"]}
 
     return jax.jit(copy, out_shardings=shardings)(trunk, rng)
+
+
+def init_lora_value_params(model_cfg: ModelConfig, rng: jax.Array, mesh: Mesh,
+                           rules: Iterable[tuple[str, Any]], from_params: Any = None, *,
+                           head_init_std: float = 0.0) -> dict:
+    """The trained params of a LoRA policy's critic: its own adapters on the policy's frozen
+    base, and the head. The base is not part of them (see `lora_value_params`).
+
+    Args:
+      model_cfg: the policy's ModelConfig, with `lora`.
+      rng: PRNG key (the head's init, and the adapters' when `from_params` holds none).
+      mesh, rules: placement, as for `init_value_params`.
+      from_params: policy or SFT params; their adapter leaves, when they hold any, are
+        copied into new buffers (the critic's trunk then starts as that model), else the
+        adapters are fresh (A uniform, B = 0: the trunk starts as the base).
+      head_init_std: as in `init_value_params`.
+    Returns:
+      {"trunk": <adapter leaves only, the policy's layout>, "head": {"kernel": [D, 1],
+      "bias": [1]}}, `param_dtype` arrays laid out like the full value model's.
+    Raises:
+      ValueError: `model_cfg` has no `lora`.
+    """
+    if model_cfg.lora is None:
+        raise ValueError("init_lora_value_params: the model config has no lora block")
+    rules = tuple(rules)
+    shardings = value_param_shardings(model_cfg, mesh, rules)
+    adapter_shardings = lora_lib.split_adapters(shardings["trunk"])[0]
+    head_key, adapter_key = jax.random.split(rng)
+    dtype, d = jnp.dtype(model_cfg.param_dtype), model_cfg.d_model
+
+    def head_init(key):  # as `ValueModel`'s Dense: kernel N(0, std^2) (zeros at 0), bias 0
+        return {"kernel": (head_init_std * jax.random.normal(key, (d, 1))).astype(dtype),
+                "bias": jnp.zeros((1,), dtype)}
+
+    head = jax.jit(head_init, out_shardings=shardings["head"])(head_key)
+    source = {} if from_params is None else lora_lib.split_adapters(from_params)[0]
+    if source:
+        problems = _tree_problems(source, lora_lib.split_adapters(
+            abstract_value_params(model_cfg)["trunk"])[0])
+        if problems:
+            raise ValueError("init_lora_value_params: the adapters of from_params do not "
+                             "match model.lora: " + "; ".join(problems[:5]))
+        adapters = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                           out_shardings=adapter_shardings)(source)
+    else:
+        adapters = init_adapters(model_cfg, adapter_key, mesh, rules)
+    return {"trunk": adapters, "head": head}
+
+
+def lora_value_params(critic_params: dict, base: dict) -> dict:
+    """The value model's params of a LoRA critic: its adapters (`critic_params["trunk"]`)
+    merged into the policy's frozen `base` (params without adapters; an "lm_head" is
+    dropped, the trunk never unembeds) and its head. The same arrays, no copy."""
+    base = {k: v for k, v in base.items() if k != "lm_head"}
+    return {"trunk": lora_lib.merge_trees(critic_params["trunk"], base),
+            "head": critic_params["head"]}
+
+
+def create_critic_state(params: Any, optimizer) -> TrainState:
+    """A TrainState at step 0 training every leaf of `params` (a LoRA critic's adapters and
+    head: `train_state.create_train_state` would train only the adapter leaves), the
+    optimizer state laid out like the params."""
+    opt_state = jax.jit(optimizer.init,
+                        out_shardings=opt_state_shardings(optimizer, params))(params)
+    first = jax.tree.leaves(params)[0]
+    step = jax.device_put(jnp.zeros((), jnp.int32), jax.sharding.NamedSharding(
+        first.sharding.mesh, jax.sharding.PartitionSpec()))
+    return TrainState(step=step, params=params, opt_state=opt_state)
 
 
 def completion_values(model, value_params, prompt_tokens, prompt_valid, completion_tokens,
@@ -334,14 +410,22 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
 # ----------------------------------------------------------------------------- jitted steps
 
 
-def make_value_fn(model, mesh=None, rules=()):
+def make_value_fn(model, mesh=None, rules=(), lora: bool = False):
     """Jitted (value_params, prompt_tokens, prompt_valid, completion_tokens, mask) -> values
     f32 [B, L] (`completion_values`; the rollout's `scoring_args()` after the params).
-    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`)."""
+    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
+    lora: a LoRA critic's (critic_params, base, ...) instead (`lora_value_params`)."""
 
     def fn(value_params, prompt_tokens, prompt_valid, completion_tokens, mask):
         return completion_values(model, value_params, prompt_tokens, prompt_valid,
                                  completion_tokens, mask)
+
+    if lora:
+        def lora_fn(critic_params, base, *rows):
+            return fn(lora_value_params(critic_params, base), *rows)
+
+        return jax.jit(shd.with_activation_sharding(lora_fn, mesh, rules),
+                       compiler_options=platform.compiler_options("dense", mesh))
 
     return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
                    compiler_options=platform.compiler_options("dense", mesh))
@@ -349,7 +433,7 @@ def make_value_fn(model, mesh=None, rules=()):
 
 def make_value_update_fn(model, optimizer, *, clip_range: float | None,
                          loss_type: str = "bnpo", max_completion_length: int | None = None,
-                         mesh=None, rules=()):
+                         mesh=None, rules=(), lora: bool = False):
     """Jitted, state-donating critic update: (value_state, batch) -> (value_state, metrics).
 
     Args:
@@ -361,6 +445,10 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
     Rollout's fields), "old_values" and "returns" f32 [B, L], and optionally "num_tokens" /
     "num_sequences" (global normalizers); other keys are ignored, so the policy's batch dict
     can be reused. Metrics: those of `value_loss` plus "value_grad_norm".
+
+    lora: a LoRA critic, (value_state, base, batch) -> (value_state, metrics): the state
+    holds its adapters and head (`init_lora_value_params`, all trained), `base` is the
+    policy's frozen base (not donated, not differentiated).
     """
 
     def loss_fn(params, batch):
@@ -377,5 +465,13 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
         state, grad_norm = apply_gradients(state, grads, optimizer)
         return state, {**metrics, "value_grad_norm": grad_norm}
 
-    return jax.jit(shd.with_activation_sharding(update, mesh, rules), donate_argnums=0,
-                   compiler_options=platform.compiler_options("dense", mesh))
+    def lora_update(state: TrainState, base, batch):
+        (_, metrics), grads = jax.value_and_grad(
+            lambda p: loss_fn(lora_value_params(p, base), batch), has_aux=True)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state)
+        return state, {**metrics, "value_grad_norm": optax.tree.norm(grads)}
+
+    return jax.jit(shd.with_activation_sharding(lora_update if lora else update, mesh, rules),
+                   donate_argnums=0, compiler_options=platform.compiler_options("dense", mesh))

@@ -103,7 +103,6 @@ def test_export_writes_merged_base_and_adapter(runs, tmp_path):
 
 @pytest.mark.parametrize("override,message", [
     ("--config.rl.ref_sync_every=2", "ref_sync_every=2: mixing the reference"),
-    ("--config.rl.advantage_estimator=gae", "PPO's critic is a full value model"),
 ])
 def test_rl_options_lora_cannot_do_are_refused(override, message, tmp_path):
     from jaxrl_reason.models import get_preset
