@@ -32,7 +32,7 @@ import numpy as np
 
 from jaxrl_reason.data.levels import LevelSource, level_corpus
 
-from jaxrl_reason.rewards import _arith_eval
+from jaxrl_reason.rewards import arith_eval
 
 EVAL_BUCKETS = 5
 MAX_LEVEL = 5
@@ -144,7 +144,7 @@ def make_example(split: str, level: int, index: int, seed: int) -> dict[str, Any
             break
     numbers, target, tree, steps = drawn
     expression = _render(tree)
-    parsed = _arith_eval.parse(expression)  # self-check the construction
+    parsed = arith_eval.parse(expression)  # self-check the construction
     if parsed.value != target or sorted(parsed.numbers) != sorted(numbers):
         raise AssertionError(f"countdown generator bug: {expression} for {numbers}->{target}")
     return {

@@ -80,7 +80,7 @@ def _gsm8k_answer(text: str, field: str) -> Example:
 
 def _math_answer(text: str, field: str) -> Example:
     # Imported here so that reading generic/GSM8K data never imports the rewards package.
-    from jaxrl_reason.rewards._latex import last_boxed
+    from jaxrl_reason.rewards.latex import last_boxed
 
     answer = last_boxed(text)
     if not answer:

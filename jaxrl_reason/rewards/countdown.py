@@ -3,7 +3,7 @@ r"""The `countdown` reward: does the answer expression reach the target with the
 The expression is the content of the last `<answer>...</answer>` (else of the last
 `\boxed{}`), optionally followed by "= target". It must use every number of
 `example["numbers"]` exactly once (as a multiset: [5, 5, 2] needs two 5s) and only
-+ - * / and parentheses; it is evaluated exactly (`_arith_eval`, fractions, no eval()), so
++ - * / and parentheses; it is evaluated exactly (`arith_eval`, fractions, no eval()), so
 intermediate fractions are allowed as long as the final value equals `example["target"]`.
 
     <think>...</think><answer>(50-25)*3</answer>       with numbers [3, 25, 50], target 75 -> 1.0
@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrl_reason.rewards import _arith_eval, _latex
+from jaxrl_reason.rewards import arith_eval, latex
 from jaxrl_reason.rewards.base import RewardResult, register_reward
 
 # LaTeX spellings of the operators (inside \boxed{} or $...$), mapped before parsing.
@@ -37,7 +37,7 @@ def extract_expression(completion: str) -> str | None:
     if open_ >= 0:
         return completion[open_ + len("<answer>") : close].strip()
     try:
-        boxed = _latex.last_boxed(completion)
+        boxed = latex.last_boxed(completion)
     except Exception:
         return None
     return None if boxed is None else boxed.strip()
@@ -59,17 +59,17 @@ def check_solution(expression: str, numbers: list[int], target: int) -> RewardRe
     "wrong_value". Never raises.
     """
     text = expression
-    for latex, ascii_op in _LATEX_OPS:
-        if latex in text:
-            text = text.replace(latex, ascii_op)
+    for symbol, ascii_op in _LATEX_OPS:
+        if symbol in text:
+            text = text.replace(symbol, ascii_op)
     text, stated = _split_target(text.strip())
-    if len(text) > _arith_eval.MAX_CHARS:
+    if len(text) > arith_eval.MAX_CHARS:
         return RewardResult(0.0, "too_long")
     try:
-        parsed = _arith_eval.parse(text)
-    except _arith_eval.ExpressionTooLong:
+        parsed = arith_eval.parse(text)
+    except arith_eval.ExpressionTooLong:
         return RewardResult(0.0, "too_long")
-    except (_arith_eval.ExpressionError, RecursionError):
+    except (arith_eval.ExpressionError, RecursionError):
         return RewardResult(0.0, "parse_error")
     if stated is not None:
         if not (stated.isascii() and stated.lstrip("-").isdigit() and len(stated) <= 20):

@@ -4,10 +4,10 @@ r"""Math answers: extraction from a completion, equivalence with a gold answer, 
 Which layer decides what (`is_equivalent`, cheapest first):
 
 1. this module: identical strings and two plain integers (the built-in arithmetic task
-   stops here); unicode folding (`_latex.clean_unicode`: NFKC plus math symbols, `−3` =
+   stops here); unicode folding (`latex.clean_unicode`: NFKC plus math symbols, `−3` =
    `-3`, `１２３` = `123`, `½`, `√2`, `π`) and space thousands separators (`2 500`), which
    math-verify lacks;
-2. this module, on the normalized strings (`_latex.normalize`): pairs of plain numbers
+2. this module, on the normalized strings (`latex.normalize`): pairs of plain numbers
    (integers, decimals, fractions, mixed numbers, scientific notation, percentages,
    repeating decimals) with the exact-decimal rule below; choice letters (`\text{(B)}` =
    `B`, `C` = `C. x = 42`) and single words (case-insensitive);
@@ -47,7 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from jaxrl_reason.rewards import _latex
+from jaxrl_reason.rewards import latex
 from jaxrl_reason.rewards._sympy_worker import get_pool
 from jaxrl_reason.rewards.base import RewardResult, register_reward
 
@@ -144,7 +144,7 @@ def _final_part(text: str) -> str:
     `_COMPLETION_CHARS` characters, unicode folded."""
     think = text.rfind("</think>")
     tail = text[think + len("</think>"):] if think >= 0 else text
-    return _latex.clean_unicode(tail[-_COMPLETION_CHARS:])
+    return latex.clean_unicode(tail[-_COMPLETION_CHARS:])
 
 
 def _extract(text: str) -> str | None:
@@ -152,13 +152,13 @@ def _extract(text: str) -> str | None:
     open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
     if open_ >= 0:
         inner = text[open_ + len("<answer>") : close].strip()
-        boxed = _latex.final_boxed(inner)
+        boxed = latex.final_boxed(inner)
         if boxed is not None or not inner:
             return boxed or None
         if _STATEMENT.search(inner):
             return _extract_loose(inner) or inner
         return inner
-    boxed = _latex.final_boxed(text)
+    boxed = latex.final_boxed(text)
     if boxed is not None:
         return boxed or None
     return _extract_loose(text)
@@ -243,9 +243,9 @@ _NESTED_FACTORIAL = re.compile(r"!\s*(?:\\right)?\s*\)\s*!")
 
 
 def _fold(text: str) -> str:
-    """Unicode folded (`_latex.clean_unicode`), `2 500` / `2\\,500` spelled `2500` and
+    """Unicode folded (`latex.clean_unicode`), `2 500` / `2\\,500` spelled `2500` and
     `\\sqrt(2)` spelled `\\sqrt{2}`."""
-    text = _SQRT_PAREN.sub(r"\\sqrt{\1}", _latex.clean_unicode(text).strip())
+    text = _SQRT_PAREN.sub(r"\\sqrt{\1}", latex.clean_unicode(text).strip())
     if _SPACED_THOUSANDS.fullmatch(text):
         text = re.sub(r"\s|\\[,;: ]|~", "", text)
     return text
@@ -299,13 +299,13 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
             return "different"
         if p == g:
             return "equal"
-        if _latex.INT_RE.fullmatch(p) and _latex.INT_RE.fullmatch(g) and len(p) + len(g) < 800:
+        if latex.INT_RE.fullmatch(p) and latex.INT_RE.fullmatch(g) and len(p) + len(g) < 800:
             return "equal" if int(p) == int(g) else "different"
         if len(p) > _MAX_INPUT_CHARS or len(g) > _MAX_INPUT_CHARS:
             return "different"
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         p, g = _fold(p), _fold(g)
-        (a, a_pct), (b, b_pct) = _latex.normalize(p), _latex.normalize(g)
+        (a, a_pct), (b, b_pct) = latex.normalize(p), latex.normalize(g)
         if a and a == b:
             return "equal"
         verdict = _compare_numbers(a, b, a_pct, b_pct) or _compare_words(a, b)
@@ -321,10 +321,10 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
 def _compare_numbers(a: str, b: str, a_pct: bool, b_pct: bool) -> Verdict | None:
     """Exact comparison of two plain numbers (decimal and percent policy); None if either
     side is not a number."""
-    va, vb = _latex.parse_number(a), _latex.parse_number(b)
+    va, vb = latex.parse_number(a), latex.parse_number(b)
     if va is None or vb is None:
         return None
-    ta, tb = _latex.decimal_tolerance(a) or 0, _latex.decimal_tolerance(b) or 0
+    ta, tb = latex.decimal_tolerance(a) or 0, latex.decimal_tolerance(b) or 0
     readings = [(va, ta, vb, tb)]
     if a_pct and not b_pct:
         readings.append((va / 100, ta / 100, vb, tb))

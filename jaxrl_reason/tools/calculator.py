@@ -6,7 +6,7 @@
     calculate("import os")     -> ValueError (the tool runner turns it into an error result)
 
 The expression goes through the countdown verifier's recursive-descent evaluator
-(`rewards/_arith_eval.py`: + - * / and parentheses over exact fractions, bounded length,
+(`rewards/arith_eval.py`: + - * / and parentheses over exact fractions, bounded length,
 nesting and literal size), after decimal literals are rewritten as fractions ("2.5" ->
 "(25/10)"). Results print as integers, or as decimals rounded to `DECIMALS` places.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from jaxrl_reason.rewards import _arith_eval
+from jaxrl_reason.rewards import arith_eval
 
 DECIMALS = 6  # places of a non-integer result
 MAX_RESULT_DIGITS = 30  # longer integer parts are an error, not a wall of digits
@@ -52,6 +52,6 @@ def calculate(expression: str) -> str:
     if not isinstance(expression, str):
         raise ValueError(f"expression must be a str, got {type(expression).__name__}")
     try:
-        return format_number(_arith_eval.evaluate(_fractions(expression.strip())))
-    except _arith_eval.DivisionByZero:
+        return format_number(arith_eval.evaluate(_fractions(expression.strip())))
+    except arith_eval.DivisionByZero:
         raise ValueError("division by zero") from None

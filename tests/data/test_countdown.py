@@ -7,7 +7,7 @@ import pytest
 
 import jaxrl_reason.rewards.countdown  # noqa: F401  (registers the "countdown" reward)
 from jaxrl_reason.data import countdown as cd
-from jaxrl_reason.rewards import _arith_eval, get_reward
+from jaxrl_reason.rewards import arith_eval, get_reward
 
 LEVELS = range(1, cd.MAX_LEVEL + 1)
 _PROMPT = re.compile(r"Using the numbers \[([0-9, ]+)\], make (\d+)\. "
@@ -34,7 +34,7 @@ def test_examples_are_solved_by_their_answer(split, level):
         assert [int(x) for x in match.group(1).split(", ")] == ex["numbers"]
         assert int(match.group(2)) == ex["target"]
         assert all(type(x) is int for x in ex["numbers"]) and type(ex["target"]) is int
-        parsed = _arith_eval.parse(ex["answer"])
+        parsed = arith_eval.parse(ex["answer"])
         assert parsed.value == ex["target"] and Counter(parsed.numbers) == Counter(ex["numbers"])
         assert verifier(ex["completion"], ex).score == 1.0, ex
         assert cd.problem_split(ex["numbers"], ex["target"]) == split
@@ -52,7 +52,7 @@ def test_trace_steps_are_true_and_use_each_number_once(level):
         for step in steps.split(". "):
             a, op, b, c = _STEP.fullmatch(step).groups()
             a, b, c = int(a), int(b), int(c)
-            assert Fraction(c) == _arith_eval.evaluate(f"{a}{op}{b}") and c > 0, step
+            assert Fraction(c) == arith_eval.evaluate(f"{a}{op}{b}") and c > 0, step
             for x in (a, b):  # each operand is a given number or an earlier result
                 assert available[x] > 0, (step, ex)
                 available[x] -= 1

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxrl_reason.rewards.countdown as cr
-from jaxrl_reason.rewards import _arith_eval as ae
+from jaxrl_reason.rewards import arith_eval as ae
 from jaxrl_reason.rewards import get_reward
 
 EX = {"prompt": "Using the numbers [3, 7, 25, 50], make 21.", "answer": "50-25-7+3",
