@@ -109,7 +109,7 @@ def two_stage_parsing() -> None:
     the full-context LL prediction (its default, 3-7x slower on answer strings) only when
     SLL fails. A successful SLL parse of an unambiguous input is the LL parse; on the
     regression suite's and the benchmark's answers and a few thousand generated ones the
-    results are identical (`tests/rewards/test_math.py` checks a sample). Idempotent."""
+    results are identical (`tests/rewards/test_math_regression.py` checks a sample). Idempotent."""
     from antlr4.atn.PredictionMode import PredictionMode
     from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
 
