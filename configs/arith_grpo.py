@@ -92,6 +92,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.top_k = 0                          # rollout top-k (0 = off)
     c.rl.max_num_seqs = 0                   # > 0: slot refill, rows decoded in this many slots
     c.rl.refill_every = 8                   # slot refill: decode steps between refills
+    c.rl.rollout_token_budget = 0           # > 0: partial rollouts, decode steps per row per step
+    c.rl.max_rollout_age = 4                # partial rollouts: steps a pending row may wait
     c.rl.learning_rate = 5e-5               # AdamW learning rate (constant after warm-up)
     c.rl.warmup_steps = 0 if smoke else 10  # linear warm-up steps
     c.rl.lr_decay = "constant"              # after warm-up: constant | cosine (to 10%)

@@ -202,6 +202,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
     problems += _refill_problems(config, dp)
+    problems += _partial_rollout_problems(config)
     bucket = _get(config, "rl.train_length_bucket")
     if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \
             and bucket > config.rl.max_new_tokens:
@@ -231,6 +232,38 @@ def _refill_problems(config, dp: int | None) -> list[str]:
     if slots and _get(config, "tools.enabled", False):
         problems.append("rl.max_num_seqs: slot refill does not run tool calls; set it to 0 "
                         "with tools.enabled")
+    return problems
+
+
+def _partial_rollout_problems(config) -> list[str]:
+    """rl.rollout_token_budget (partial rollouts; 0 or None = off), rl.max_rollout_age, and
+    what partial rollouts cannot combine with."""
+    budget = _get(config, "rl.rollout_token_budget", 0)
+    if budget is None or budget == 0 and not isinstance(budget, bool):
+        return []
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        return [f"rl.rollout_token_budget: must be a whole number of decode steps >= 1 "
+                f"(0 or None = off), got {budget!r}"]
+    problems = []
+    age = _get(config, "rl.max_rollout_age", None)
+    if not isinstance(age, int) or isinstance(age, bool) or age < 1:
+        problems.append(f"rl.max_rollout_age: must be an int >= 1 (steps a pending row may "
+                        f"wait before it is dropped) with rl.rollout_token_budget, got {age!r}")
+    tis = _get(config, "rl.tis_cap", 0.0)
+    if not (isinstance(tis, (int, float)) and tis > 0):
+        problems.append("rl.rollout_token_budget: partial rollouts train on tokens of older "
+                        "policies; set rl.tis_cap > 0 (the truncated importance weight "
+                        "against their behaviour log-probs, e.g. 2.0)")
+    refused = (("rl.advantage_estimator", _get(config, "rl.advantage_estimator") == "gae",
+                "the PPO critic (advantage_estimator='gae')"),
+               ("rl.dynamic_sampling", bool(_get(config, "rl.dynamic_sampling", False)),
+                "DAPO dynamic sampling"),
+               ("tools.enabled", bool(_get(config, "tools.enabled", False)),
+                "tool-use rollouts"))
+    for key, on, what in refused:
+        if on:
+            problems.append(f"rl.rollout_token_budget: partial rollouts do not support {what}; "
+                            f"set {key} off or rl.rollout_token_budget=0")
     return problems
 
 

@@ -49,6 +49,7 @@ from jaxrl_reason.models.lora import without_adapters
 from jaxrl_reason.models.lora_params import check_rl_config as check_lora_rl_config
 from jaxrl_reason.models.lora_params import for_training as lora_for_training
 from jaxrl_reason.rl.critic import Critic
+from jaxrl_reason.rl.partial import PartialRollouts
 from jaxrl_reason.rl.group_estimator import GroupEstimator
 from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
@@ -128,6 +129,9 @@ class RLTrainer:
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
                                         self.kernel_backend, dropout_seed=rt.config.seed + 4)
         self.ckpt = PhaseCheckpointer(rt, "rl")
+        # rl.rollout_token_budget: rows not done within it continue in later steps.
+        self.partial = (PartialRollouts(rt, rl) if rl.get("rollout_token_budget", 0)
+                        else None)
 
     # ------------------------------------------------------------------ host offload
 
@@ -160,11 +164,16 @@ class RLTrainer:
         extra = {"rng": jax.random.key_data(self.rng)}
         if self.ref_params:  # LoRA's reference is the saved policy's base
             extra["ref_params"] = self.ref_params
+        if self.partial is not None:  # the pending rows
+            extra["partial"] = self.partial.checkpoint_arrays()
         return {**extra, **self.advantage_source.checkpoint_extra()}
 
     def save(self, step: int) -> None:
+        meta = {"beta": self.beta, "step": step}
+        if self.partial is not None:
+            meta["partial"] = self.partial.checkpoint_meta()
         self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra(),
-                       extra_meta={"beta": self.beta, "step": step})
+                       extra_meta=meta)
 
     def restore(self) -> bool:
         """Continues from the newest complete RL checkpoint; False when there is none."""
@@ -180,6 +189,8 @@ class RLTrainer:
         if self.ref_params:
             self.ref_params = extra["ref_params"]
         self.advantage_source.restore_extra(extra)
+        if self.partial is not None:
+            self.partial.restore(extra["partial"], meta["partial"])
         return True
 
     # ------------------------------------------------------------------ one step
@@ -191,6 +202,9 @@ class RLTrainer:
         self.rng, rng = jax.random.split(self.rng)
         got = self.collect(examples, rng)
         t0 = time.time()
+        if got.num_rows == 0:  # partial rollouts: no group is complete yet
+            self.step_count += 1
+            return {**got.metrics, **got.times}
         if got.every_reward_nonfinite():  # nothing to learn from
             return self._skip_update(got, t0)
         seq_rewards, kl, shaping = self.shape_rewards(got)
@@ -301,16 +315,22 @@ class RLTrainer:
         reference pass runs on the device while the host scores. Times: time/sample_s
         (sampling, and with dynamic sampling every round's scoring), time/score_s (the rest)."""
         t0 = time.time()
-        if self.rl.dynamic_sampling:  # rows are only known after scoring: no overlap possible
+        if self.partial is not None:  # the groups complete this step
+            done, host, metrics = self.partial.collect(self.state.params, examples, rng,
+                                                       self.step_count + 1)
+            got = Collected(done, host, metrics=metrics)
+        elif self.rl.dynamic_sampling:  # rows are only known after scoring: no overlap possible
             got = Collected(*self.dynamic_sampling(examples, rng))
         else:
             got = Collected(list(examples), self.generate(examples, rng))
         got.times["time/sample_s"], t0 = time.time() - t0, time.time()
+        if got.num_rows == 0:  # partial rollouts: nothing complete to score
+            return got
         if self.ref_params is not None:  # device work first (asynchronous dispatch)
             got.ref_logp = self.logprob_fn(self._reference(),
                                            *self._full_rollout(got).scoring_args())
         if got.rewards is None:  # then host scoring while it runs
-            got.rewards = self.agreed(self.score(examples, got.host).result())
+            got.rewards = self.agreed(self.score(got.examples, got.host).result())
         got.times["time/score_s"] = time.time() - t0
         return got
 
@@ -536,7 +556,8 @@ class RLTrainer:
         with ProgressBar(rl.steps, f"rl/{rl.algorithm}", enabled=cfg.log.progress_bar) as bar:
             bar.update(start)
             for step in range(start + 1, rl.steps + 1):
-                examples = next(self.data)
+                examples = (next(self.data) if self.partial is None
+                            or self.partial.wants_examples() else [])
                 self.skipped_batch = None
                 metrics = self.step(examples)
                 self.writer.write(step, metrics, phase="rl")
