@@ -248,7 +248,8 @@ def fallback_reason(impl: str, cfg, *, dtype, first_slot: int | None,
         return f"cuDNN attention needs bfloat16 or float16, got {jnp.dtype(dtype).name}"
     limit = _cudnn_max_head_dim()
     if cfg.head_dim % 8 or cfg.head_dim > limit:
-        return f"cuDNN attention needs head_dim a multiple of 8 and <= {limit}, got {cfg.head_dim}"
+        return (f"cuDNN attention needs head_dim a multiple of 8 and <= {limit}, got "
+                f"{cfg.head_dim}")
     if cfg.attn_logit_softcap is not None:
         return "cuDNN attention has no attention-logit softcap"
     if window is not None and not isinstance(window, int):
@@ -329,6 +330,11 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _pad_length(x: jax.Array, n: int) -> jax.Array:
+    """x [B, L, ...] zero-padded to [B, n, ...] (n >= L) along its second axis."""
+    return jnp.pad(x, [(0, 0), (0, n - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+
 def splash_attention(cfg, q, k, v, q_ids, kv_ids, first_slot: int, window) -> jax.Array:
     """Splash attention (`make_splash_mha`, one kernel per example under `vmap`) of
     q [B, T, K, G, hd] over the first first_slot + T keys of k, v [B, S, K, hd], with
@@ -349,9 +355,9 @@ def splash_attention(cfg, q, k, v, q_ids, kv_ids, first_slot: int, window) -> ja
     padded_q = _round_up(length, block_q)
     block_kv = min(_SPLASH_BLOCK, _round_up(first_slot + padded_q, _LANES))
     padded_kv = _round_up(first_slot + padded_q, block_kv)
-    pad = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1])] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
-    q, q_ids = pad(q, padded_q), pad(q_ids, padded_q)
-    k, v, kv_ids = pad(k, padded_kv), pad(v, padded_kv), pad(kv_ids, padded_kv)
+    q, q_ids = _pad_length(q, padded_q), _pad_length(q_ids, padded_q)
+    k, v = _pad_length(k, padded_kv), _pad_length(v, padded_kv)
+    kv_ids = _pad_length(kv_ids, padded_kv)
     local = functools.partial(_splash_local, cfg, (block_q, block_kv), first_slot)
     ctx = activation_context()
     mesh = None if ctx is None else ctx[0]
