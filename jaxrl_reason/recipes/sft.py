@@ -95,13 +95,14 @@ def sft_loss(model, params, batch, dropout_rng=None) -> tuple[jax.Array, dict[st
     return loss, {"loss": loss, "tokens": tokens}
 
 
-def make_sft_step(model, optimizer, mesh=None, rules=()):
+def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0):
     """The jitted, state-donating SFT update: (state, batch) -> (state, metrics).
-    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`)."""
+    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
+    dropout_seed: LoRA dropout's masks are folded from it and the optimizer step."""
 
     def step(state: TrainState, batch):
         # only the LoRA adapters when the params hold any (train_state.value_and_grad)
-        rng = dropout_key(model.cfg.lora, 0, state.step)  # LoRA dropout, if any
+        rng = dropout_key(model.cfg.lora, dropout_seed, state.step)  # LoRA dropout, if any
         grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch, rng), has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
@@ -149,7 +150,8 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
         return state.params
 
     writer.truncate("sft", after_step=start)  # a resumed run rewrites the steps it redoes
-    step_fn = make_sft_step(rt.model, optimizer, rt.mesh, rt.rules)
+    step_fn = make_sft_step(rt.model, optimizer, rt.mesh, rt.rules,
+                            dropout_seed=rt.config.seed + 4)
     guard = SkipGuard("sft", rt.config.guards.max_consecutive_skips)
     with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
         bar.update(start)
