@@ -5,37 +5,14 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_reason import models
-from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.params import init_cache
 from jaxrl_reason.models.transformer import Transformer
-from jaxrl_reason.sampling.sampler import Sampler, left_pad, resolve_budgets
+from jaxrl_reason.sampling.sampler import Sampler, resolve_budgets
 from numerics import decoder_tolerance
+from toy_model import BUCKET, CFG, PAD, PROMPT_LENGTHS
 
-PAD = 0
-PROMPT_LENGTHS = (6, 3, 1, 4)
-BUCKET, G, L = 6, 4, 12
+G, L = 4, 12
 ROWS = len(PROMPT_LENGTHS) * G
-CFG = models.get_preset("test", init_std=0.5)  # large weights: diverse, non-repeating outputs
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    rng = np.random.default_rng(0)
-    return left_pad([list(rng.integers(1, CFG.vocab_size, n)) for n in PROMPT_LENGTHS],
-                    BUCKET, PAD)
-
-
-@pytest.fixture(scope="module")
-def meshes():
-    return {"1dev": shd.make_mesh({"data": 1}, devices=jax.devices()[:1]),
-            "8dev": shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})}
-
-
-@pytest.fixture(scope="module")
-def params(meshes):
-    return {name: models.init_params(CFG, jax.random.key(0), mesh, shd.DEFAULT_RULES)
-            for name, mesh in meshes.items()}
 
 
 @pytest.fixture(scope="module")

@@ -8,38 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_reason import models
-from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models import scoring
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.sampling.filters import sample_inverse_cdf
 from jaxrl_reason.sampling.sampler import (Sampler, left_pad, pick_bucket,
                                            positions_from_valid, stage_ends)
 from numerics import abs_matmul_magnitude, attention_tolerance, f32_tolerance
+from toy_model import BUCKET, CFG, PAD, PROMPT_LENGTHS
 
-PAD = 0
-PROMPT_LENGTHS = (6, 3, 1, 4)
-BUCKET, G, L = 6, 2, 6
-CFG = models.get_preset("test", init_std=0.5)  # large weights: diverse, non-repeating outputs
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    rng = np.random.default_rng(0)
-    lists = [list(rng.integers(1, CFG.vocab_size, n)) for n in PROMPT_LENGTHS]
-    return left_pad(lists, BUCKET, PAD)
-
-
-@pytest.fixture(scope="module")
-def meshes():
-    return {"1dev": shd.make_mesh({"data": 1}, devices=jax.devices()[:1]),
-            "8dev": shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})}
-
-
-@pytest.fixture(scope="module")
-def params(meshes):
-    return {name: models.init_params(CFG, jax.random.key(0), mesh, shd.DEFAULT_RULES)
-            for name, mesh in meshes.items()}
+G, L = 2, 6
 
 
 @pytest.fixture(scope="module")
