@@ -294,7 +294,7 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
     try:
         if not isinstance(pred, str) or not isinstance(gold, str):
             return "different"
-        p, g = pred.strip(), gold.strip()
+        p, g = _unwrap(pred.strip()), _unwrap(gold.strip())
         if not p or not g:
             return "different"
         if p == g:
@@ -316,6 +316,31 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
         return _library(p, g, options or _DEFAULTS_CHECKED, deadline, completion)
     except Exception:
         return "different"
+
+
+def _unwrap(text: str) -> str:
+    r"""`text` without math delimiters around the whole of it (`$x$`, `$$x$$`, `\(x\)`,
+    `\[x\]` -> `x`): the same answer to every layer, and one cache entry for its spellings."""
+    whole = _MATH_SPAN.fullmatch(text)
+    if whole is None:
+        return text
+    return next(group for group in whole.groups() if group is not None).strip() or text
+
+
+def _read_alike(final: str, pred: str) -> bool:
+    r"""Whether math-verify's own extraction of the completion's `final` part would read the
+    answer we extracted, `pred`: a `\boxed{}` or an answer tag (both read the box or the
+    tag), or `pred` is the last math span of `final` with no digit, backslash or `$` after
+    it (math-verify's LaTeX extraction takes that span too). Then a second parse of the
+    completion in the worker cannot change the verdict and is skipped."""
+    if "\\boxed" in final or "\\fbox" in final or "</answer>" in final:
+        return True
+    last = None
+    for last in _MATH_SPAN.finditer(final):
+        pass
+    if last is None or re.search(r"[\d\\$]", final[last.end():]):
+        return False
+    return _unwrap(last.group(0)) == _unwrap(pred.strip())
 
 
 def _compare_numbers(a: str, b: str, a_pct: bool, b_pct: bool) -> Verdict | None:
@@ -401,9 +426,8 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     if pred is None:
         return RewardResult(0.0, "no_answer")
     final = _final_part(completion)
-    boxed_or_tagged = "\\boxed" in final or "\\fbox" in final or "</answer>" in final
     verdict = _verdict(pred, str(example["answer"]), CORRECTNESS_TIMEOUT_S, opts,
-                       None if boxed_or_tagged else final)
+                       None if _read_alike(final, pred) else final)
     if verdict == "equal":
         return RewardResult(1.0)
     return RewardResult(0.0, "wrong" if verdict == "different" else "timeout")

@@ -177,6 +177,46 @@ def test_correctness_reward():
         reward("\\boxed{1}", {"prompt": "p"})
 
 
+@pytest.mark.parametrize("pred", [r"\(x^2+1\)", r"$x^2+1$", r"$$x^2+1$$", r"\[x^2+1\]"])
+def test_delimiters_around_the_whole_answer_are_one_spelling(pred, monkeypatch):
+    """`\\(x\\)`, `$x$`, `$$x$$`, `\\[x\\]` reach the worker as `x`: one cache entry."""
+    seen = []
+    pool = get_pool()
+    real = type(pool).compare
+
+    def spy(self, a, b, *args, **kwargs):
+        seen.append((a, b))
+        return real(self, a, b, *args, **kwargs)
+
+    monkeypatch.setattr(type(pool), "compare", spy)
+    assert is_equivalent(pred, "(x+1)^2") is False
+    assert is_equivalent(pred, r"1+x^{2}") is True
+    assert all(a == "x^2+1" for a, _ in seen), seen
+
+
+def test_unboxed_answer_read_alike_skips_the_second_extraction(monkeypatch):
+    """A completion ending in "the answer is \\(16\\)." is read alike by both extractions,
+    so a wrong number is decided without a worker job; a completion whose last span is not
+    our answer still gets math-verify's own extraction."""
+    calls = []
+    pool = get_pool()
+    real = type(pool).compare
+
+    def spy(self, a, b, mode, atol, timeout_s, options=None):
+        calls.append((options or {}).get("completion"))
+        return real(self, a, b, mode, atol, timeout_s, options)
+
+    monkeypatch.setattr(type(pool), "compare", spy)
+    reward = get_reward("correctness")
+    example = {"prompt": "p", "answer": "18"}
+    assert reward(r"<think>4+12</think>The answer is \(16\).", example) == RewardResult(
+        0.0, "wrong")
+    assert calls == []
+    assert reward(r"<think>4+12</think>The answer is \(16\), or $18$ if rounded up 2.",
+                  example).score in (0.0, 1.0)
+    assert calls and calls[-1] is not None  # the completion went to math-verify too
+
+
 def test_correctness_reward_accepts_full_gsm8k_and_math_solutions():
     reward = get_reward("correctness")
     gsm8k = {"prompt": "p", "answer": "She has 3*4 = <<3*4=12>>12 eggs.\n#### 1,200"}
