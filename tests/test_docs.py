@@ -232,3 +232,21 @@ def test_tests_mirror_the_package():
     assert not missing, f"subpackages without a tests/<name>/ folder of tests: {missing}"
     top = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert top == ["test_docs.py", "test_numerics.py"], top
+
+
+def test_readme_verifier_accuracy_is_the_json_of_its_command():
+    """The README's verifier accuracies (ours, math-verify alone, the previous verifier) are
+    those of docs/verifier_accuracy.json, which the command named beside them wrote."""
+    data = json.loads((ROOT / "docs" / "verifier_accuracy.json").read_text())
+    text = " ".join(README.read_text().split())
+    assert data["command"] in text
+    results = data["results"]
+    old = next(name for name in results if name.startswith("old"))
+    figures = [f"{100 * results[name]['main']['accuracy']:.1f}%"
+               for name in ("ours", "math-verify alone", old)]
+    sentence = re.search(r"right on ([\d.]+%) of a regression suite of (\d+) labelled public "
+                         r"cases, against ([\d.]+%) for math-verify alone and ([\d.]+%) for "
+                         r"the previous verifier", text)
+    assert sentence, "README has no verifier accuracy sentence"
+    assert [sentence.group(1), sentence.group(3), sentence.group(4)] == figures
+    assert int(sentence.group(2)) == results["ours"]["main"]["n"]
