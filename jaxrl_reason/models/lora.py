@@ -333,9 +333,10 @@ class Projection(nn.Module):
             (rank,) + tuple(self.features), self.param_dtype)
         if self.lora.dropout > 0 and self.has_rng(DROPOUT_RNG):  # a training pass
             xd = _dropout(xd, self.lora.dropout, self.make_rng(DROPOUT_RNG))
+        # alpha / r scales the rank-r activations, not the full-width output.
         h = dot(xd, a.astype(self.dtype), dims)                           # [..., r]
-        out = dot(h, b.astype(self.dtype), (((h.ndim - 1,), (0,)), ((), ())))
-        return out * jnp.asarray(self.lora.scaling, out.dtype)
+        h = h * jnp.asarray(self.lora.scaling, h.dtype)
+        return dot(h, b.astype(self.dtype), (((h.ndim - 1,), (0,)), ((), ())))
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
