@@ -3,6 +3,10 @@
     pip install -e '.[tpu]'
     python benchmarks/tpu_plan.py                 # all models x slices -> tpu_plan.{json,md}
     python benchmarks/tpu_plan.py --unrolled qwen2.5-7b v5e-8   # + the unrolled stack
+    python benchmarks/tpu_plan.py --models qwen2.5-1.5b --slices v5e-1 --settings L B \
+        --memory-only                             # LoRA and full fine-tuning on one v5e chip
+    python benchmarks/tpu_plan.py --models qwen2.5-7b --slices v5e-4 --settings Q4 Q8 C E \
+        --memory-only                             # QLoRA (nf4, int8 base) and full on v5e-4
 
 Workload (issue 7): GRPO, G = 8 samples of 8 prompts (64 rows), 1,024-token prompts and
 4,096-token completions, beta = 0.04 (a reference model is resident), bf16 compute.
@@ -19,6 +23,15 @@ first that fits is reported:
   D. as C with 256-query attention chunks (half the float32 attention scores);
   E. as C with the chips as FSDP x tensor parallel 2 (MLP hidden units, heads and KV heads
      split over pairs of chips: each chip holds half of a row's per-layer activations).
+LoRA settings (only the adapters trained; the frozen base is the reference, no copy):
+  L. bf16 base and rank-16 adapters on every projection (q/k/v/o, gate/up/down; the
+     real-model LoRA config's), bf16 Adam state for the adapters (nothing offloaded);
+  Q8 / Q4. as L with the frozen projections held as int8 / nf4 (QLoRA);
+  LS / Q4S. as L / Q4 with slot refill (rl.max_num_seqs = 32): the sampler's KV cache holds
+     32 rows at a time instead of all 64.
+Full fine-tuning (A-E) and LoRA (L, Q8, Q4) are reported side by side: per model, slice and
+family, the first setting given that fits. --memory-only skips the 1- and 2-layer compiles
+that give a scanned program's FLOPs and bytes (memory is the same; roofline columns n/a).
 
 Every program is compiled at the model's real depth: with `scan_layers` the program holds
 one block, so a compile takes about as long at 28 layers as at 2. `--unrolled MODEL SLICE`
@@ -39,20 +52,36 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("qwen2.5-1.5b", "gemma2-2b", "qwen2.5-7b", "llama3-8b")
-SLICES = {"v5e-8": "v5e:2x4", "v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4"}
+SLICES = {"v5e-8": "v5e:2x4", "v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4",
+          "v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2"}
 # Each setting: model-block overrides and rl overrides; tried in order, first fit reported.
 OFFLOAD = {"offload_reference": True, "offload_optimizer": True}
+SLOTS = 32  # rl.max_num_seqs of the slot-refill settings: the KV cache holds 32 rows
+LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0, "targets": ("all-linear",)}
 SETTINGS = {
     "A": ({"param_dtype": "float32"}, {}),
     "B": ({"param_dtype": "bfloat16"}, {}),
     "C": ({"param_dtype": "bfloat16"}, OFFLOAD),
     "D": ({"param_dtype": "bfloat16", "attention_chunk": 256}, OFFLOAD),
     "E": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "tensor": 2}),
+    "L": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "none"}}, {}),
+    "Q8": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "int8"}}, {}),
+    "Q4": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "nf4"}}, {}),
+    "LS": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "none"}},
+           {"max_num_seqs": SLOTS}),
+    "Q4S": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "nf4"}},
+            {"max_num_seqs": SLOTS}),
 }
+FAMILIES = {"A": "full", "B": "full", "C": "full", "D": "full", "E": "full",
+            "L": "LoRA", "Q8": "QLoRA", "Q4": "QLoRA", "LS": "LoRA", "Q4S": "QLoRA"}
 SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "C": "bf16 + Adam, host offload",
                  "D": "bf16 + Adam, host offload, 256-query chunks",
-                 "E": "bf16 + Adam, host offload, FSDP x tensor 2"}
+                 "E": "bf16 + Adam, host offload, FSDP x tensor 2",
+                 "L": "LoRA r16, bf16 base", "Q8": "QLoRA r16, int8 base",
+                 "Q4": "QLoRA r16, nf4 base",
+                 "LS": f"LoRA r16, bf16 base, {SLOTS} decode slots",
+                 "Q4S": f"QLoRA r16, nf4 base, {SLOTS} decode slots"}
 ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 
@@ -72,12 +101,15 @@ def _config(model: str, topology: str, setting: str, layers: int | None, scan: b
     c = fv.config
     c.unlock()
     model_overrides, rl_overrides = SETTINGS[setting]
+    model_overrides = dict(model_overrides)
+    lora = model_overrides.pop("lora", None)
     overrides = {**dict(dtype="bfloat16", remat="block", attention_chunk=512,
                         logprobs_impl="chunked", scan_layers=scan), **model_overrides}
     if layers is not None:
         overrides["n_layers"] = layers
     cfg = get_preset(model, **overrides)
     c.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
+    c.model.lora = ml_collections.ConfigDict(lora) if lora else None
     rl_overrides = dict(rl_overrides)
     tensor = rl_overrides.pop("tensor", 1)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, chips // tensor, tensor
@@ -93,25 +125,26 @@ def _config(model: str, topology: str, setting: str, layers: int | None, scan: b
 
 
 def run_one(model: str, slice_name: str, setting: str, layers: int | None,
-            scan: bool = True) -> dict:
+            scan: bool = True, memory_only: bool = False) -> dict:
     """Compiles one setting (in this process) and returns its per-device figures."""
     from jaxrl_reason.runtime import plan as planner
 
     topology = SLICES[slice_name]
     config, cfg = _config(model, topology, setting, layers, scan)
     t0 = time.time()
-    report = planner.plan(config, topology)
+    report = planner.plan(config, topology, layer_cost=not memory_only)
     progs = {p.name: {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
              for p in report["programs"]}
     return {"model": model, "slice": slice_name, "setting": setting, "scan": scan,
             "layers": cfg.n_layers, "params": report["params"], "programs": progs,
             "compile_s": time.time() - t0, "chip": dataclasses.asdict(report["chip"]),
-            "devices": report["devices"]}
+            "devices": report["devices"], "memory_only": not report["layer_cost"]}
 
 
-def _subprocess(model, slice_name, setting, layers, scan) -> dict:
+def _subprocess(model, slice_name, setting, layers, scan, memory_only=False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", model, slice_name, setting,
            str(layers if layers is not None else 0), "scan" if scan else "unrolled"]
+    cmd += ["--memory-only"] if memory_only else []
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in out.stdout.splitlines():
@@ -186,11 +219,14 @@ def markdown(results: list[dict], unrolled: list[dict],
         peak = max(v["total_gib"] for v in f.values())
         fits = all(v["fits"] for v in f.values())
         step = sum(v["roofline_s"] for v in f.values())
+        times = (f"{f['sampler']['roofline_s']:.1f} | {f['log-prob pass']['roofline_s']:.2f} | "
+                 f"{f['update']['roofline_s']:.1f} | {100 * f['update']['mfu']:.0f}% | "
+                 f"{step:.1f}")
+        if r.get("memory_only"):
+            times = "n/a | n/a | n/a | n/a | n/a"
         lines.append(
             f"| {r['model']} | {r['slice']} | {_fmt_setting(r['setting'])} | "
-            f"{'yes' if fits else 'NO'} | {peak:.1f} / {hbm:.0f} | "
-            f"{f['sampler']['roofline_s']:.1f} | {f['log-prob pass']['roofline_s']:.2f} | "
-            f"{f['update']['roofline_s']:.1f} | {100 * f['update']['mfu']:.0f}% | {step:.1f} | "
+            f"{'yes' if fits else 'NO'} | {peak:.1f} / {hbm:.0f} | {times} | "
             f"{r['compile_s']:.0f} |")
     if unrolled:
         lines += ["", "Scanned vs unrolled layers (`model.scan_layers`), GiB per chip; the "
@@ -230,13 +266,18 @@ def main() -> None:
                     default=[], help="also size the unrolled stack (setting chosen)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--slices", nargs="+", default=list(SLICES))
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS),
-                    help="settings to try, in order (default: all)")
+    ap.add_argument("--settings", nargs="+", default=[k for k in SETTINGS
+                                                       if FAMILIES[k] == "full"],
+                    choices=list(SETTINGS),
+                    help="settings to try, in order, per family (default: A-E)")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="skip the FLOPs/bytes compiles of scanned layers (roofline n/a)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "tpu_plan"))
     args = ap.parse_args()
     if args.one:
         model, slice_name, setting, layers, stack = args.one
-        result = run_one(model, slice_name, setting, int(layers) or None, stack == "scan")
+        result = run_one(model, slice_name, setting, int(layers) or None, stack == "scan",
+                         args.memory_only)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -252,7 +293,7 @@ def main() -> None:
             return c
         print(f"compiling {model} on {slice_name}, setting {setting}, {layers} layers, "
               f"{'scanned' if scan else 'unrolled'}", flush=True)
-        c = _subprocess(model, slice_name, setting, layers, scan)
+        c = _subprocess(model, slice_name, setting, layers, scan, args.memory_only)
         # Re-read before writing: another invocation (other models) may have added compiles.
         store = {"compiles": stored() + [c]}
         with open(path + ".tmp", "w") as f:
@@ -282,10 +323,11 @@ def main() -> None:
     for model in args.models:
         cfg = get_preset(model)
         for slice_name in args.slices:
-            for setting in args.settings:
-                r = compiled(model, slice_name, setting, cfg.n_layers)
-                if all(v["fits"] for v in figures(r).values()):
-                    break
+            for family in dict.fromkeys(FAMILIES[s] for s in args.settings):
+                for setting in (s for s in args.settings if FAMILIES[s] == family):
+                    r = compiled(model, slice_name, setting, cfg.n_layers)
+                    if all(v["fits"] for v in figures(r).values()):
+                        break
     for model, slice_name in args.unrolled:
         pick = next(r for r in chosen(stored())[0] if (r["model"], r["slice"]) == (model,
                                                                                     slice_name))
@@ -304,9 +346,9 @@ def find(compiles: list[dict], model: str, slice_name: str, setting: str, layers
 
 
 def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Per (model, slice), in MODELS x SLICES order, the full-depth scanned compile reported:
-    the first setting (in SETTINGS order) that fits, else the last one tried (does not fit).
-    Also the pairs with no compile yet."""
+    """Per (model, slice, family), in MODELS x SLICES order, the full-depth scanned compile
+    reported: the first setting (in SETTINGS order) that fits, else the last one tried (does
+    not fit). Also the (model, slice) pairs with no compile yet (of the 8-chip slices)."""
     results, pending = [], []
     for model in MODELS:
         for slice_name in SLICES:
@@ -314,10 +356,12 @@ def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
                             and c.get("scan", True) and "extrapolated_from" not in c
                             and c["layers"] == _full_depth(model)),
                            key=lambda c: list(SETTINGS).index(c["setting"]))
-            fitting = [c for c in tried if all(v["fits"] for v in figures(c).values())]
-            if tried:
-                results.append(fitting[0] if fitting else tried[-1])
-            else:
+            for family in dict.fromkeys(FAMILIES.values()):
+                mine = [c for c in tried if FAMILIES[c["setting"]] == family]
+                fitting = [c for c in mine if all(v["fits"] for v in figures(c).values())]
+                if mine:
+                    results.append(fitting[0] if fitting else mine[-1])
+            if not tried and slice_name.endswith("-8"):
                 pending.append((model, slice_name))
     return results, pending
 

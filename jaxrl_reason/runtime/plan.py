@@ -106,8 +106,13 @@ def topology_devices(topology: str) -> tuple[Chip, list]:
         raise ValueError("plan needs libtpu to describe a TPU slice: pip install "
                          "'jaxrl-reason[tpu]' (works on a CPU machine)") from None
     from jax.experimental import topologies
+    # One chip (e.g. "v5e:1x1", a v5litepod-1 host): libtpu's default host bounds are a
+    # 4-chip host, which a 1-chip topology does not divide.
+    single = re.fullmatch(r"[a-z0-9]+:1(x1)*", topology) is not None
     try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+        desc = topologies.get_topology_desc(
+            platform="tpu", topology_name=topology,
+            **({"chips_per_host_bounds": (1, 1, 1)} if single else {}))
     except Exception as e:
         raise ValueError(f"--topology {topology!r}: {e}") from None
     return CHIPS[kind], list(desc.devices)
@@ -171,14 +176,17 @@ def _program(name, compiled, model_flops, note="", flops=None, hbm=None) -> Prog
 
 
 def plan(config: ml_collections.ConfigDict, topology: str,
-         programs: tuple[str, ...] = PROGRAMS) -> dict[str, Any]:
+         programs: tuple[str, ...] = PROGRAMS, layer_cost: bool = True) -> dict[str, Any]:
     """Compiles the config's sampler, log-prob pass and RL update (or those of `programs`
     named) for `topology`.
 
     Traced for TPU (`kernels.platform.target`): `kernels.backend` / `model.logprobs_impl`
     "auto" choose what a TPU run would (the Pallas kernels, compiled by Mosaic, per device
     under `shard_map`; chunked log-probs), not what this CPU host would.
-    Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan]}.
+    `layer_cost=False` skips the 1- and 2-layer compiles of scanned layers: memory is the
+    same, FLOPs fall back to the model's count (`with_flops_floor`), and HBM bytes count the
+    scanned layer once (the report says so in `layer_cost`).
+    Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan], "layer_cost"}.
     """
     if config.get("hf_model"):  # plan the directory's architecture (config.json only)
         resolved = ml_collections.ConfigDict(config.to_dict())
@@ -188,9 +196,10 @@ def plan(config: ml_collections.ConfigDict, topology: str,
         config = resolved
     with kernel_platform.target("tpu"):
         report = _plan(config, topology, programs)
-        if config.model.get("scan_layers") and config.model.n_layers > 1:
+        scanned = config.model.get("scan_layers") and config.model.n_layers > 1
+        if scanned and layer_cost:
             report = _with_unrolled_layer_cost(config, topology, report, programs)
-        return report
+        return {**report, "layer_cost": bool(layer_cost or not scanned)}
 
 
 def _with_unrolled_layer_cost(config, topology, report, programs=PROGRAMS):
@@ -217,12 +226,26 @@ def _with_unrolled_layer_cost(config, topology, report, programs=PROGRAMS):
     return dict(report, programs=programs)
 
 
-def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
-                     n_dev) -> ProgramPlan:
-    """The sampler: prefill p prompts of tp tokens, decode `length` tokens for p * g rows.
+def model_params(cfg) -> int:
+    """Weights of the model `cfg` describes, counted one per weight whatever their storage
+    (an nf4 leaf packs two in a byte), LoRA adapters included."""
+    total = 0
+    for path, x in jax.tree_util.tree_flatten_with_path(abstract_params(cfg))[0]:
+        name = str(getattr(path[-1], "key", path[-1]))
+        total += math.prod(x.shape) * (2 if name == "kernel_nf4" else 1)
+        if name in ("kernel_scale", "kernel_absmax"):
+            total -= math.prod(x.shape)
+    return total
+
+
+def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length, n_dev,
+                     max_num_seqs: int = 0, refill_every: int = 8) -> ProgramPlan:
+    """The sampler: prefill p prompts of tp tokens, decode `length` tokens for p * g rows
+    (with `max_num_seqs` > 0: in that many slots with refill, as `rl.max_num_seqs`).
     FLOPs and bytes are analytic (XLA counts the decode loop's body once)."""
     n, rep = p * g, shd.replicated(mesh)
-    sampler = Sampler(model, eos_id=2, pad_id=0, mesh=mesh, rules=rules)
+    sampler = Sampler(model, eos_id=2, pad_id=0, mesh=mesh, rules=rules,
+                      max_num_seqs=max_num_seqs, refill_every=refill_every)
     prompt_sharding = (shd.batch_sharding(mesh, rules, 2, p)
                        if p % shd.data_parallel_size(mesh, rules) == 0 else rep)
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -231,7 +254,7 @@ def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
         _sds(key.shape, key.dtype, rep), temperature=_sds((), jnp.float32, rep),
         top_p=_sds((), jnp.float32, rep), top_k=_sds((), jnp.int32, rep), num_samples=g,
         max_new_tokens=length)
-    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    num_params = model_params(cfg)
     per_token = 2 * num_params + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (tp + length)
     decode_flops = per_token * (p * tp + n * length)
     return _compile(
@@ -272,7 +295,7 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     shardings = param_shardings(cfg, mesh, rules)
     params = jax.tree.map(lambda x, s: _sds(x.shape, x.dtype, s), abstract_params(cfg),
                           shardings)
-    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    num_params = model_params(cfg)
     p, g = rl.batch_prompts, rl.num_generations
     n, tp, length = p * g, max(config.task.prompt_buckets), rl.max_new_tokens
     batch_sharding = lambda ndim: shd.batch_sharding(mesh, rules, ndim, n)  # noqa: E731
@@ -283,7 +306,8 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     n_dev = len(devices)
     if "sampler" in wanted:
         programs.append(_sampler_program(cfg, model, params, mesh, rules, p, g, tp, length,
-                                         n_dev))
+                                         n_dev, int(rl.get("max_num_seqs", 0)),
+                                         int(rl.get("refill_every", 8))))
 
     # 2. Log-prob pass (reference / old policy) over the N rows.
     rollout = (_sds((n, tp), jnp.int32, batch_sharding(2)), _sds((n, tp), bool, batch_sharding(2)),
@@ -315,8 +339,10 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     update = make_update_fn(model, optimizer, rl, mesh, rules,
                             kernel_backend=config.kernels.backend)
     if "update" in wanted:
+        # Forward 2|theta|, input gradients 2|theta|, weight gradients 2|theta| (not LoRA's).
+        per_token = (4 if cfg.lora is not None else 6) * num_params
         programs.append(_compile("update", update.lower(state, batch), (state, batch),
-                                 6 * num_params * n * (tp + length), n_dev))
+                                 per_token * n * (tp + length), n_dev))
 
     # What else lives on the chip while each program runs; the micro-batch loops' cost.
     # With rl.offload_optimizer / rl.offload_reference those wait in host memory instead.

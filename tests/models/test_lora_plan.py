@@ -38,3 +38,37 @@ def test_lora_plan_has_adapter_optimizer_state_and_no_reference_copy():
     assert full["log-prob pass"].resident_bytes > 0.5 * full["log-prob pass"].argument_bytes
     assert lora["log-prob pass"].resident_bytes < 0.2 * lora["log-prob pass"].argument_bytes
     assert lora["update"].resident_bytes == 0
+
+
+def test_model_params_count_weights_whatever_their_storage():
+    """The plan's FLOPs count a quantized base's weights once each (an nf4 byte holds two;
+    scales are not weights) and the adapters on top."""
+    import math
+
+    import jax
+
+    from jaxrl_reason.models.config import get_preset
+    from jaxrl_reason.models.lora import lora_config, split_adapters
+    from jaxrl_reason.models.params import abstract_params
+    from jaxrl_reason.runtime.plan import model_params
+
+    base = get_preset("test", vocab_size=64)
+    counts = {}
+    for quant in ("none", "int8", "nf4"):
+        lora = lora_config({"rank": 4, "targets": "all-linear", "base_quant": quant})
+        counts[quant] = model_params(base.replace(lora=lora))
+    lora = base.replace(lora=lora_config({"rank": 4, "targets": "all-linear"}))
+    adapters, _ = split_adapters(abstract_params(lora))
+    n_adapters = sum(math.prod(x.shape) for x in jax.tree.leaves(adapters))
+    assert n_adapters > 0
+    assert counts == {q: model_params(base) + n_adapters for q in counts}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install 'jaxrl-reason[tpu]')")
+def test_one_chip_topology_is_described():
+    """"v5e:1x1" (one chip, a v5litepod-1 host) needs 1-chip host bounds from libtpu."""
+    from jaxrl_reason.runtime.plan import GiB, topology_devices
+    chip, devices = topology_devices("v5e:1x1")
+    assert len(devices) == 1 and chip.hbm_bytes == 16 * GiB
+    assert len(topology_devices("v5e:2x2")[1]) == 4
