@@ -315,6 +315,7 @@ def export(fv) -> int:
     tokenizer files) that transformers and other tools load; a LoRA run's as the merged
     model, its base and the adapter in PEFT's format (`models.lora_export`)."""
     from jaxrl_reason.models import hf
+    from jaxrl_reason.tokenizers.hf import write_transformers_files
     mesh = shd.make_mesh({"data": -1})
     params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, shd.DEFAULT_RULES)
     params = distributed.to_host(params)  # every process takes part in the gather
@@ -326,11 +327,15 @@ def export(fv) -> int:
         files = [f for group in written.values() for f in group]
         for sub in ("merged", "base", "adapter"):
             tokenizer.save_dir(os.path.join(fv.out, sub))
+            write_transformers_files(tokenizer, os.path.join(fv.out, sub))
         _say(f"wrote {len(files)} files to {fv.out}/{{merged,base,adapter}}")
     elif distributed.is_primary():
         files = hf.export_hf_checkpoint(model_cfg, params, fv.out, dtype=fv.dtype,
                                         max_shard_bytes=fv.max_shard_bytes)
         tokenizer.save_dir(fv.out)
+        # A SentencePiece model also as tokenizer.json: transformers' AutoTokenizer then
+        # loads it without sentencepiece, with the same ids.
+        write_transformers_files(tokenizer, fv.out)
         _say(f"wrote {len(files)} files to {fv.out}: " + ", ".join(
             sorted(os.path.basename(f) for f in files)))
     return 0
