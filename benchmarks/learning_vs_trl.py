@@ -142,7 +142,7 @@ def hyperparameter_table(config) -> list[dict[str, Any]]:
         ("scale_rewards", "rl.advantage_scale", rl.advantage_scale, "scale_rewards",
          rl.advantage_scale, "std: ours ddof=0 + 1e-6, TRL ddof=1 + 1e-4 (neither configurable)"),
         ("max_completion_length", "rl.max_new_tokens", rl.max_new_tokens,
-         "max_completion_length", rl.max_new_tokens, "tokens, EOS included"),
+         "max_completion_length", rl.max_new_tokens, "new tokens per completion"),
         ("temperature", "rl.temperature", rl.temperature, "temperature", rl.temperature, ""),
         ("top-p", "rl.top_p", rl.top_p, "top_p", rl.top_p, ""),
         ("top-k", "rl.top_k", rl.top_k, "top_k", rl.top_k, "0 = off on both"),
@@ -184,8 +184,7 @@ def check_supported(config) -> None:
 
 def trl_args(config) -> dict[str, Any]:
     """GRPOConfig keyword arguments from the table (the fields TRL has)."""
-    return {r["trl_key"]: r["trl_value"] for r in hyperparameter_table(config)
-            if r["trl_key"] is not None}
+    return {r["trl_key"]: r["trl_value"] for r in hyperparameter_table(config) if r["trl_key"]}
 
 
 # ------------------------------------------------------------------------ ours: prompts
@@ -281,7 +280,6 @@ def cmd_trl(a) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     import torch
-    import transformers
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -308,7 +306,7 @@ def cmd_trl(a) -> None:
         def on_step_end(self, args, state, control, **kw):
             steps_end[state.global_step] = time.time()
 
-    out = os.path.join(a.out)
+    out = a.out
     targs = dict(plan["trl_args"])
     args = GRPOConfig(
         output_dir=out, use_cpu=True, bf16=False, activation_checkpointing=False,
@@ -324,8 +322,7 @@ def cmd_trl(a) -> None:
     record = {"side": "trl", "seed": a.seed, "train_s": total,
               "step_end_s": {str(k): v - steps_end[0] for k, v in sorted(steps_end.items())},
               "log_history": trainer.state.log_history, "versions": versions(),
-              "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
-              "transformers": transformers.__version__}
+              "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()}
     with open(os.path.join(out, "timing.json"), "w") as f:
         json.dump(record, f, indent=2, default=str)
     print(f"[trl] seed {a.seed}: {plan['steps']} steps in {total:.0f}s -> {out}")
@@ -407,6 +404,7 @@ def cmd_eval(a) -> None:
     """Held-out pass@1 of Hugging Face directories with our evaluator (one runtime, so one
     compiled sampler for all of them); writes {label: {set: {mean, ci95, values}}}."""
     from jaxrl_reason.evaluation import runner
+    from jaxrl_reason.models import hf
 
     config = runner.with_eval_overrides(load_config(json.loads(a.overrides)),
                                         seeds=a.eval_seeds, num_samples=a.num_samples,
@@ -414,7 +412,6 @@ def cmd_eval(a) -> None:
     results, rt = {}, None
     for spec in a.models:
         label, _, path = spec.partition("=")
-        from jaxrl_reason.models import hf
         if rt is None:
             rt, params = _hf_runtime(config, path)
         else:
@@ -449,11 +446,12 @@ def interval(values: Sequence[float]) -> dict[str, Any]:
 
 def ours_step_times(metrics_path: str) -> dict[int, float]:
     """{step: seconds from the start of our first RL step to the end of step} from a run's
-    metrics.jsonl (rl phase rows carry the wall `time` at the step's end and `step_time_s`)."""
+    metrics.jsonl: rl rows carry the wall `time` at the step's end; the first step began
+    its sampling, scoring and training times (`time/*_s`) before its end."""
     rows = [r for r in read_jsonl(metrics_path) if r.get("phase") == "rl"]
     if not rows:
         raise ValueError(f"{metrics_path}: no rl rows")
-    start = rows[0]["time"] - rows[0]["step_time_s"]
+    start = rows[0]["time"] - sum(v for k, v in rows[0].items() if k.startswith("time/"))
     return {0: 0.0, **{int(r["step"]): r["time"] - start for r in rows}}
 
 
@@ -484,7 +482,7 @@ def cmd_report(a) -> None:
         plan = json.load(f)
     sides: dict[str, dict[int, dict[int, tuple[float, float]]]] = {"ours": {}, "trl": {}}
     totals: dict[str, list[float]] = {"ours": [], "trl": []}
-    loads, trl_versions = [], None
+    loads, trl_versions, batch_correct = [], None, {}
     for seed in plan["seeds"]:
         d = os.path.join(a.workdir, f"seed{seed}")
         with open(os.path.join(d, "eval.json")) as f:
@@ -498,6 +496,11 @@ def cmd_report(a) -> None:
             totals["ours"].append(json.load(f)["timings"]["rl_s"])
         totals["trl"].append(trl["train_s"])
         loads.append(trl["load_average"])
+        batch_correct[seed] = {
+            "ours": [r["reward/correctness"] for r in read_jsonl(
+                os.path.join(d, "ours", "metrics.jsonl")) if r.get("phase") == "rl"],
+            "trl": [float(h["rewards/correctness/mean"]) for h in trl["log_history"]
+                    if "rewards/correctness/mean" in h]}
         trl_versions = trl["versions"]
         for side, times in (("ours", ours_t), ("trl", trl_t)):
             sides[side][seed] = {0: (p1["sft"], 0.0)}
@@ -516,9 +519,13 @@ def cmd_report(a) -> None:
            "ours_final_pass1": final["ours"], "trl_final_pass1": final["trl"],
            "ours_s_to_trl_final": reach,
            "ours_total_s": interval(totals["ours"]), "trl_total_s": interval(totals["trl"]),
-           "wall_time": "seconds from the start of the first RL step (ours: the rl phase of "
-                        "metrics.jsonl; TRL: on_train_begin) to the end of the step",
-           "curves": curves, "hyperparameters": plan["table"],
+           "wall_time": "seconds from the start of the first RL step (ours: metrics.jsonl, "
+                        "step 1's end minus its time/*_s; TRL: on_train_begin) to the end of "
+                        "the step",
+           "curves": curves,
+           "train_batch_correctness": {"note": "per step, the sampled batch's mean correctness "
+                                       "(same prompts on both sides)", "by_seed": batch_correct},
+           "hyperparameters": plan["table"],
            "overrides": plan["overrides"], "reward_weights": plan["reward_weights"],
            "versions": {"ours": plan["versions_ours"], "trl": trl_versions},
            "load_average": {"plan": plan["load_average"], "after_trl_runs": loads}}

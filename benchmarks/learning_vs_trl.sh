@@ -22,17 +22,19 @@ EVAL_SEEDS=${EVAL_SEEDS:-"0 1 2"}
 OUT=${OUT:-docs/learning_vs_trl}
 OVERRIDES=${OVERRIDES:-"{}"}  # JSON {dotted config key: value}, applied to both sides
 LABEL=${LABEL:-"GRPO, ours vs TRL: same SFT start, prompts, reward and hyper-parameters"}
+read -ra seeds <<< "$SEEDS"
+read -ra eval_seeds <<< "$EVAL_SEEDS"
 PY="$VENV/bin/python benchmarks/learning_vs_trl.py"
 PY_TRL="$VENV_TRL/bin/python benchmarks/learning_vs_trl.py"
 
 mkdir -p "$WORK"
 "$VENV/bin/jaxrl-reason" export --checkpoint "$SFT" --out "$WORK/sft_hf"
 $PY plan --workdir "$WORK" --model "$WORK/sft_hf" --steps "$STEPS" --save_every "$SAVE_EVERY" \
-  --seeds $SEEDS --overrides "$OVERRIDES"
+  --seeds "${seeds[@]}" --overrides "$OVERRIDES"
 # shellcheck disable=SC2207  # flags without spaces: --config.rl.batch_prompts=8 ...
 ours_flags=($(cat "$WORK/ours_flags.txt"))
 
-for seed in $SEEDS; do
+for seed in "${seeds[@]}"; do
   d="$WORK/seed$seed"
   rm -rf "$d/ours" "$d/trl" "$d/ours_hf"
   mkdir -p "$d"
@@ -53,7 +55,7 @@ for seed in $SEEDS; do
   done
   $PY eval --models "${models[@]}" --out "$d/eval.json" --num_problems "$NUM_PROBLEMS" \
     --overrides "$OVERRIDES" \
-    --num_samples "$NUM_SAMPLES" --eval_seeds $EVAL_SEEDS
+    --num_samples "$NUM_SAMPLES" --eval_seeds "${eval_seeds[@]}"
 done
 
 $PY report --workdir "$WORK" --out "$OUT.json" --plot "$OUT.png" --label "$LABEL" \

@@ -74,3 +74,22 @@ def test_real_completions_agree_exactly(config):
     # Not a degenerate fixture: right, wrong, well- and ill-formed completions all occur.
     values = {round(float(v), 4) for v in ours}
     assert {1.1, 0.1}.issubset(values) and (0.0 in values or 1.0 in values), values
+
+
+def test_trl_arguments_follow_our_config_and_unmatched_settings_are_refused():
+    config = lvt.load_config({"rl.batch_prompts": 4, "rl.loss_type": "dapo"})
+    args = lvt.trl_args(config)
+    assert args["per_device_train_batch_size"] == 4 * config.rl.num_generations
+    assert args["loss_type"] == "dapo" and args["adam_beta2"] == 0.95
+    assert args["shuffle_dataset"] is False
+    lvt.check_supported(config)
+    with pytest.raises(ValueError, match="rl.dynamic_sampling"):
+        lvt.check_supported(lvt.load_config({"rl.dynamic_sampling": True}))
+    with pytest.raises(KeyError, match="rl.nope"):
+        lvt.load_config({"rl.nope": 1})
+
+
+def test_time_to_reach_interpolates_and_says_never():
+    assert lvt.time_to_reach([0.0, 10.0, 20.0], [0.2, 0.4, 0.6], 0.5) == pytest.approx(15.0)
+    assert lvt.time_to_reach([0.0, 10.0], [0.5, 0.6], 0.4) == 0.0
+    assert lvt.time_to_reach([0.0, 10.0], [0.2, 0.3], 0.5) is None
