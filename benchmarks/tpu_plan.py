@@ -28,7 +28,8 @@ LoRA settings (only the adapters trained; the frozen base is the reference, no c
      real-model LoRA config's), bf16 Adam state for the adapters (nothing offloaded);
   Q8 / Q4. as L with the frozen projections held as int8 / nf4 (QLoRA);
   LS / Q4S. as L / Q4 with slot refill (rl.max_num_seqs = 32): the sampler's KV cache holds
-     32 rows at a time instead of all 64.
+     32 rows at a time instead of all 64;
+  L2. as L with 2 prompts per step (16 rows): the sampler's KV cache for 16 rows.
 Full fine-tuning (A-E) and LoRA (L, Q8, Q4) are reported side by side: per model, slice and
 family, the first setting given that fits. --memory-only skips the 1- and 2-layer compiles
 that give a scanned program's FLOPs and bytes (memory is the same; roofline columns n/a).
@@ -52,8 +53,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("qwen2.5-1.5b", "gemma2-2b", "qwen2.5-7b", "llama3-8b")
-SLICES = {"v5e-8": "v5e:2x4", "v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4",
-          "v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2"}
+SLICES = {"v5e-8": "v5e:2x4", "v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4"}
+# Smaller slices, sized on demand (--slices): one v5e chip and v5e-4 (LoRA / QLoRA rows).
+SMALL_SLICES = {"v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2"}
+ALL_SLICES = {**SLICES, **SMALL_SLICES}
 # Each setting: model-block overrides and rl overrides; tried in order, first fit reported.
 OFFLOAD = {"offload_reference": True, "offload_optimizer": True}
 SLOTS = 32  # rl.max_num_seqs of the slot-refill settings: the KV cache holds 32 rows
@@ -71,9 +74,12 @@ SETTINGS = {
            {"max_num_seqs": SLOTS}),
     "Q4S": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "nf4"}},
             {"max_num_seqs": SLOTS}),
+    "L2": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "none"}},
+           {"batch_prompts": 2}),
 }
 FAMILIES = {"A": "full", "B": "full", "C": "full", "D": "full", "E": "full",
-            "L": "LoRA", "Q8": "QLoRA", "Q4": "QLoRA", "LS": "LoRA", "Q4S": "QLoRA"}
+            "L": "LoRA", "Q8": "QLoRA", "Q4": "QLoRA", "LS": "LoRA", "Q4S": "QLoRA",
+            "L2": "LoRA"}
 SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "C": "bf16 + Adam, host offload",
                  "D": "bf16 + Adam, host offload, 256-query chunks",
@@ -81,7 +87,8 @@ SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "L": "LoRA r16, bf16 base", "Q8": "QLoRA r16, int8 base",
                  "Q4": "QLoRA r16, nf4 base",
                  "LS": f"LoRA r16, bf16 base, {SLOTS} decode slots",
-                 "Q4S": f"QLoRA r16, nf4 base, {SLOTS} decode slots"}
+                 "Q4S": f"QLoRA r16, nf4 base, {SLOTS} decode slots",
+                 "L2": "LoRA r16, bf16 base, 2 prompts x G = 8 per step"}
 ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 
@@ -112,12 +119,13 @@ def _config(model: str, topology: str, setting: str, layers: int | None, scan: b
     c.model.lora = ml_collections.ConfigDict(lora) if lora else None
     rl_overrides = dict(rl_overrides)
     tensor = rl_overrides.pop("tensor", 1)
+    prompts = rl_overrides.pop("batch_prompts", ROWS_PROMPTS)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, chips // tensor, tensor
     c.task.prompt_buckets = (PROMPT,)
-    c.rl.batch_prompts, c.rl.num_generations = ROWS_PROMPTS, G
+    c.rl.batch_prompts, c.rl.num_generations = prompts, G
     c.rl.max_new_tokens = COMPLETION
     c.rl.beta = 0.04
-    c.rl.micro_batches = ROWS_PROMPTS * G // (chips // tensor)  # a row per FSDP shard
+    c.rl.micro_batches = max(1, prompts * G // (chips // tensor))  # a row per FSDP shard
     c.kernels.backend = "auto"                      # the Pallas kernels on TPU
     for key, value in rl_overrides.items():
         c.rl[key] = value
@@ -129,7 +137,7 @@ def run_one(model: str, slice_name: str, setting: str, layers: int | None,
     """Compiles one setting (in this process) and returns its per-device figures."""
     from jaxrl_reason.runtime import plan as planner
 
-    topology = SLICES[slice_name]
+    topology = ALL_SLICES[slice_name]
     config, cfg = _config(model, topology, setting, layers, scan)
     t0 = time.time()
     report = planner.plan(config, topology, layer_cost=not memory_only)
@@ -265,7 +273,7 @@ def main() -> None:
     ap.add_argument("--unrolled", nargs=2, metavar=("MODEL", "SLICE"), action="append",
                     default=[], help="also size the unrolled stack (setting chosen)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--slices", nargs="+", default=list(SLICES))
+    ap.add_argument("--slices", nargs="+", default=list(SLICES), choices=list(ALL_SLICES))
     ap.add_argument("--settings", nargs="+", default=[k for k in SETTINGS
                                                        if FAMILIES[k] == "full"],
                     choices=list(SETTINGS),
@@ -348,10 +356,10 @@ def find(compiles: list[dict], model: str, slice_name: str, setting: str, layers
 def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
     """Per (model, slice, family), in MODELS x SLICES order, the full-depth scanned compile
     reported: the first setting (in SETTINGS order) that fits, else the last one tried (does
-    not fit). Also the (model, slice) pairs with no compile yet (of the 8-chip slices)."""
+    not fit). Also the (model, slice) pairs of SLICES with no compile yet."""
     results, pending = [], []
     for model in MODELS:
-        for slice_name in SLICES:
+        for slice_name in ALL_SLICES:
             tried = sorted((c for c in compiles if (c["model"], c["slice"]) == (model, slice_name)
                             and c.get("scan", True) and "extrapolated_from" not in c
                             and c["layers"] == _full_depth(model)),
@@ -361,7 +369,7 @@ def chosen(compiles: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
                 fitting = [c for c in mine if all(v["fits"] for v in figures(c).values())]
                 if mine:
                     results.append(fitting[0] if fitting else mine[-1])
-            if not tried and slice_name.endswith("-8"):
+            if not tried and slice_name in SLICES:
                 pending.append((model, slice_name))
     return results, pending
 
