@@ -79,7 +79,9 @@ def _on_mesh(x: jax.ShapeDtypeStruct, mesh) -> jax.ShapeDtypeStruct:
 class PhaseCheckpointer:
     """Saves/restores one phase's TrainState (+ extra arrays) with run metadata."""
 
-    def __init__(self, rt, phase: str):
+    def __init__(self, rt, phase: str, base_checkpoint: str | None = None):
+        """`base_checkpoint`: where a LoRA phase's frozen base was loaded from, if not the
+        run's hf_model or its own SFT phase (see `lora_base`)."""
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         self.rt, self.phase = rt, phase
@@ -87,16 +89,20 @@ class PhaseCheckpointer:
         self.ckpt = Checkpointer(phase_dir(rt.workdir, phase),
                                  max_to_keep=rt.config.checkpoint.max_to_keep)
         self._lora_base: dict | None = None
+        self.base_checkpoint = base_checkpoint
 
     def lora_base(self, params) -> dict | None:
         """Metadata naming the frozen base of LoRA `params` (None without adapters): where
-        it comes from (the run's hf_model, its SFT checkpoint, or the seed's random init)
+        it comes from (`base_checkpoint`, the run's hf_model, its SFT checkpoint, or the
+        seed's random init)
         and its `lora_params.base_fingerprint`, computed once (the base is frozen)."""
         if not lora_lib.has_adapters(params):
             return None
         if self._lora_base is None:
             config = self.rt.config
-            if config.get("hf_model"):
+            if self.base_checkpoint:
+                source = {"kind": "checkpoint", "path": self.base_checkpoint}
+            elif config.get("hf_model"):
                 source = {"kind": "hf", "path": config.hf_model}
             elif self.phase == "rl":
                 source = {"kind": "checkpoint", "path": phase_dir(self.rt.workdir, "sft")}

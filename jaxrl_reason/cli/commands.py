@@ -127,9 +127,14 @@ def train(fv) -> int:
     t0 = time.time()
     if fv.init_checkpoint:
         params, model_cfg, _, _ = load_params(fv.init_checkpoint, rt.mesh, rt.rules)
-        # The layer layout is a knob of this run, not of the checkpoint: convert it.
+        # The layer layout and the attention kernel are knobs of this run, not of the
+        # checkpoint: convert the layout. A run with LoRA may start from a checkpoint without
+        # adapters (its SFT model): the trainer attaches fresh adapters to that base.
         params = to_layout(rt.model_cfg, params)
-        model_cfg = model_cfg.replace(scan_layers=rt.model_cfg.scan_layers)
+        model_cfg = model_cfg.replace(scan_layers=rt.model_cfg.scan_layers,
+                                      attention_impl=rt.model_cfg.attention_impl)
+        if model_cfg.lora is None:
+            model_cfg = model_cfg.replace(lora=rt.model_cfg.lora)
         if model_cfg != rt.model_cfg:
             raise ValueError(f"--init_checkpoint {fv.init_checkpoint!r} holds a model "
                              f"{model_cfg} that differs from the config's {rt.model_cfg}")
@@ -163,7 +168,8 @@ def train(fv) -> int:
         raise Preempted("evaluation", 0)
 
     t0 = time.time()
-    trainer = RLTrainer(rt, writer, init_params=params)
+    trainer = RLTrainer(rt, writer, init_params=params,
+                        base_checkpoint=fv.init_checkpoint or None)
     params = trainer.run(resume=fv.resume)
     timings["rl_s"] = time.time() - t0
 

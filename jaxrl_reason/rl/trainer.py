@@ -74,7 +74,11 @@ class RLTrainer:
     `num_iterations > 1`, `step()` reports the metrics of the last update of the batch.
     """
 
-    def __init__(self, rt: Runtime, writer: MetricsWriter, *, init_params, ref_params=None):
+    def __init__(self, rt: Runtime, writer: MetricsWriter, *, init_params, ref_params=None,
+                 base_checkpoint: str | None = None):
+        """`base_checkpoint`: the checkpoint `init_params` were loaded from, when not this
+        run's own SFT phase (`train --init_checkpoint`); a LoRA run's checkpoints name it as
+        the frozen base they need."""
         self.rt, self.writer, self.rl = rt, writer, rt.config.rl
         rl = self.rl
         # LoRA (model.lora): the policy trains only adapters attached to `init_params`, and
@@ -128,7 +132,7 @@ class RLTrainer:
                                           rt.mesh, rt.rules)
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
                                         self.kernel_backend, dropout_seed=rt.config.seed + 4)
-        self.ckpt = PhaseCheckpointer(rt, "rl")
+        self.ckpt = PhaseCheckpointer(rt, "rl", base_checkpoint=base_checkpoint)
         # rl.rollout_token_budget: rows not done within it continue in later steps.
         self.partial = (PartialRollouts(rt, rl) if rl.get("rollout_token_budget", 0)
                         else None)

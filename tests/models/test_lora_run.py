@@ -130,3 +130,16 @@ def test_sft_with_adapters_then_rl_continues_them(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # one frozen base
     b = sft_adapters["layer_0"]["attn"]["q_proj"]["lora_b"]
     assert float(np.abs(np.asarray(b)).max()) > 0  # SFT trained the adapters
+
+
+def test_rl_with_adapters_starts_from_a_checkpoint_without_them(tmp_path):
+    """`train --init_checkpoint` of a full fine-tuning SFT run (no adapters in its params or
+    its model config) with a LoRA config: fresh adapters on that base, not a config clash."""
+    arith = os.path.join(REPO, "configs", "arith_grpo.py")
+    sft = tmp_path / "sft"
+    assert run_cli("sft", "--config", f"{arith}:smoke", "--workdir", str(sft), *QUIET) == 0
+    workdir = _train(tmp_path / "rl", "--config.rl.steps=1", "--init_checkpoint", str(sft))
+    assert [m["step"] for m in phase(read_metrics(workdir), "rl")] == [1]
+    mesh = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params, cfg, _, _ = load_params(str(workdir), mesh, shd.DEFAULT_RULES)
+    assert cfg.lora is not None and lora_lib.has_adapters(params)
