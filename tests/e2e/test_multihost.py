@@ -130,11 +130,11 @@ def eval_on_two_processes(workdir, data, out, logdir, timeout: float = 600) -> N
 HELPERS = textwrap.dedent('''
     import sys
     import numpy as np
-    from jaxrl_reason import distributed
+    from jaxrl_reason.runtime import distributed
     # Settings from the environment, as a GPU cluster's launcher would export them.
     assert distributed.initialize(None) is not None
     import jax
-    from jaxrl_reason import sharding as shd
+    from jaxrl_reason.runtime import sharding as shd
     from jaxrl_reason.runtime.reliability import GracefulStop, stop_requested
 
     me = jax.process_index()

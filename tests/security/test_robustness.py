@@ -168,7 +168,8 @@ def test_only_process_zero_takes_the_lock(tmp_path, monkeypatch):
 
 _JOB = """
 import os, sys
-from jaxrl_reason import distributed, workdir_lock
+from jaxrl_reason.checkpoints import workdir_lock
+from jaxrl_reason.runtime import distributed
 assert distributed.initialize(None) is not None
 import jax
 me = jax.process_index()
