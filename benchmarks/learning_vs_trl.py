@@ -263,7 +263,8 @@ def cmd_plan(a) -> None:
             "overrides": json.loads(a.overrides), "table": hyperparameter_table(config),
             "trl_args": trl_args(config), "reward_weights": dict(config.rewards.weights),
             "reward_options": {k: opts[k] for k in config.rewards.weights if k in opts},
-            "versions_ours": versions(), "load_average": os.getloadavg()}
+            "versions_ours": versions(), "load_average": os.getloadavg(),
+            "cpu_affinity": sorted(os.sched_getaffinity(0))}
     with open(os.path.join(a.workdir, "plan.json"), "w") as f:
         json.dump(plan, f, indent=2)
     with open(os.path.join(a.workdir, "ours_flags.txt"), "w") as f:  # the same for `train`
@@ -322,7 +323,8 @@ def cmd_trl(a) -> None:
     record = {"side": "trl", "seed": a.seed, "train_s": total,
               "step_end_s": {str(k): v - steps_end[0] for k, v in sorted(steps_end.items())},
               "log_history": trainer.state.log_history, "versions": versions(),
-              "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()}
+              "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+              "cpu_affinity": sorted(os.sched_getaffinity(0))}
     with open(os.path.join(out, "timing.json"), "w") as f:
         json.dump(record, f, indent=2, default=str)
     print(f"[trl] seed {a.seed}: {plan['steps']} steps in {total:.0f}s -> {out}")

@@ -7,8 +7,13 @@
 #
 # SFT: a run workdir or SFT phase checkpoint (the default run's). Our side runs in $VENV, TRL's
 # in $VENV_TRL; the two training runs of a seed go one after the other, never at once.
+# RESUME=1 keeps the stages of earlier invocations that ended (a long run can span several
+# sittings); CPUS="1" pins every stage to those cores (taskset), e.g. one core kept quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ -n "${CPUS:-}" && -z "${_LVT_PINNED:-}" ]]; then
+  _LVT_PINNED=1 exec taskset -c "$CPUS" bash "$0" "$@"
+fi
 : "${SFT:?set SFT to the SFT checkpoint (a run workdir or its checkpoints/sft)}"
 VENV=${VENV:-/work/venv}
 VENV_TRL=${VENV_TRL:-/work/venv_trl}
@@ -28,7 +33,9 @@ PY="$VENV/bin/python benchmarks/learning_vs_trl.py"
 PY_TRL="$VENV_TRL/bin/python benchmarks/learning_vs_trl.py"
 
 mkdir -p "$WORK"
-"$VENV/bin/jaxrl-reason" export --checkpoint "$SFT" --out "$WORK/sft_hf"
+if [[ -z "${RESUME:-}" || ! -e "$WORK/sft_hf/config.json" ]]; then
+  "$VENV/bin/jaxrl-reason" export --checkpoint "$SFT" --out "$WORK/sft_hf"
+fi
 $PY plan --workdir "$WORK" --model "$WORK/sft_hf" --steps "$STEPS" --save_every "$SAVE_EVERY" \
   --seeds "${seeds[@]}" --overrides "$OVERRIDES"
 # shellcheck disable=SC2207  # flags without spaces: --config.rl.batch_prompts=8 ...
@@ -36,26 +43,43 @@ ours_flags=($(cat "$WORK/ours_flags.txt"))
 
 for seed in "${seeds[@]}"; do
   d="$WORK/seed$seed"
-  rm -rf "$d/ours" "$d/trl" "$d/ours_hf"
   mkdir -p "$d"
-  # Ours: RL straight from the exported SFT directory (our HF import), checkpoints every
-  # SAVE_EVERY steps; the train command's own before/after evaluation is cut to one problem
-  # (every checkpoint is evaluated below, alike for both sides).
-  "$VENV/bin/jaxrl-reason" train --config configs/arith_grpo.py --workdir "$d/ours" \
-    --config.hf_model="$WORK/sft_hf" --config.seed="$seed" --config.rl.steps="$STEPS" \
-    --config.checkpoint.every_steps="$SAVE_EVERY" --config.checkpoint.max_to_keep=1000 \
-    --config.eval.num_problems=1 --config.eval.num_samples=1 --config.eval.seeds='(0,)' \
-    --config.log.progress_bar=False ${ours_flags[@]+"${ours_flags[@]}"} > "$d/ours.log" 2>&1
-  $PY_TRL trl --workdir "$WORK" --model "$WORK/sft_hf" --out "$d/trl" --seed "$seed" \
-    > "$d/trl.log" 2>&1
-  $PY export-rl --workdir "$d/ours" --out "$d/ours_hf"
+  # Each stage of a seed leaves a marker when it ends; a rerun with RESUME=1 skips the stages
+  # that ended and redoes an interrupted one from scratch (its wall time is measured whole).
+  [[ -n "${RESUME:-}" ]] || rm -f "$d"/*.done "$d/eval.json"
+  if [[ ! -e "$d/ours.done" ]]; then
+    rm -rf "$d/ours" "$d/ours_hf" "$d/ours_hf.done"
+    # Ours: RL straight from the exported SFT directory (our HF import), checkpoints every
+    # SAVE_EVERY steps; the train command's own before/after evaluation is cut to one problem
+    # (every checkpoint is evaluated below, alike for both sides).
+    "$VENV/bin/jaxrl-reason" train --config configs/arith_grpo.py --workdir "$d/ours" \
+      --config.hf_model="$WORK/sft_hf" --config.seed="$seed" --config.rl.steps="$STEPS" \
+      --config.checkpoint.every_steps="$SAVE_EVERY" --config.checkpoint.max_to_keep=1000 \
+      --config.eval.num_problems=1 --config.eval.num_samples=1 --config.eval.seeds='(0,)' \
+      --config.log.progress_bar=False ${ours_flags[@]+"${ours_flags[@]}"} > "$d/ours.log" 2>&1
+    touch "$d/ours.done"
+  fi
+  if [[ ! -e "$d/trl.done" ]]; then
+    rm -rf "$d/trl"
+    $PY_TRL trl --workdir "$WORK" --model "$WORK/sft_hf" --out "$d/trl" --seed "$seed" \
+      > "$d/trl.log" 2>&1
+    touch "$d/trl.done"
+  fi
+  if [[ ! -e "$d/ours_hf.done" ]]; then
+    rm -rf "$d/ours_hf"
+    $PY export-rl --workdir "$d/ours" --out "$d/ours_hf"
+    touch "$d/ours_hf.done"
+  fi
   models=("sft=$WORK/sft_hf")
   for ((k = SAVE_EVERY; k <= STEPS; k += SAVE_EVERY)); do
     models+=("ours_step_$k=$d/ours_hf/step_$k" "trl_step_$k=$d/trl/checkpoint-$k")
   done
-  $PY eval --models "${models[@]}" --out "$d/eval.json" --num_problems "$NUM_PROBLEMS" \
-    --overrides "$OVERRIDES" \
-    --num_samples "$NUM_SAMPLES" --eval_seeds "${eval_seeds[@]}"
+  if [[ ! -e "$d/eval.json" ]]; then
+    $PY eval --models "${models[@]}" --out "$d/eval.json.tmp" --num_problems "$NUM_PROBLEMS" \
+      --overrides "$OVERRIDES" \
+      --num_samples "$NUM_SAMPLES" --eval_seeds "${eval_seeds[@]}"
+    mv "$d/eval.json.tmp" "$d/eval.json"
+  fi
 done
 
 $PY report --workdir "$WORK" --out "$OUT.json" --plot "$OUT.png" --label "$LABEL" \
