@@ -5,6 +5,14 @@
 #   RUN_ANCHORS=0 bash benchmarks/compare.sh     # anchors from their results.json instead
 #   QUICK=1 bash benchmarks/compare.sh           # "test" preset, seconds: behaviour only
 #   REUSE=1 OUT=DIR bash benchmarks/compare.sh   # only the table, from DIR's earlier results
+#   LONG_TAIL=1 bash benchmarks/compare.sh       # only the long_tail rows, ~20 min on 1 core
+#   LONG_TAIL=0 bash benchmarks/compare.sh       # without the long_tail rows
+# long_tail (spec "long_tail", bench-tiny; each row stops at its own seeded length): ours is
+# benchmarks/sampler.py --workload long_tail (slot refill, and our static batch on the same
+# lengths in the same process); the anchors are tunix_sampler.py and hf_generate.py with the
+# long_tail argument (static batches) and hf_continuous_batching.py (transformers' continuous
+# batching). They all run now: results.json holds no long_tail figure. Useful tokens/s =
+# sum of lengths / median wall time of a call.
 # Ours: benchmarks/sampler.py (bench-tiny, bench-small; one process each, so each peak RSS is
 # its own) and benchmarks/rl_step.py (bench-tiny). Anchors: tunix_sampler.py, hf_generate.py
 # (TRL venv, or HF_PY) and trl_grpo_step.py, run with the venvs that anchors/setup.sh builds;
@@ -14,14 +22,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ANCHORS=${ANCHORS:-$(cd .. && pwd)/shared/anchors}
-TUNIX_PY=${TUNIX_PY:-/tmp/venv_tunix/bin/python}
-TRL_PY=${TRL_PY:-/tmp/venv_trl/bin/python}
+first_python() {  # first_python DIR... -> DIR/bin/python of the first DIR that has one
+  local d; for d in "$@"; do [[ -x $d/bin/python ]] && { echo "$d/bin/python"; return; }; done
+  echo "$1/bin/python"
+}
+TUNIX_PY=${TUNIX_PY:-$(first_python /work/venv_tunix /tmp/venv_tunix)}
+TRL_PY=${TRL_PY:-$(first_python /work/venv_trl /tmp/venv_trl)}
 HF_PY=${HF_PY:-$TRL_PY}   # any venv with the pinned torch + transformers runs hf_generate.py
 PY=${PYTHON:-python}
 OUT=${OUT:-$(mktemp -d /tmp/compare.XXXXXX)}
 QUICK=${QUICK:-0}
 REUSE=${REUSE:-0}
 RUN_ANCHORS=${RUN_ANCHORS:-1}
+LONG_TAIL=${LONG_TAIL:-all}   # 1: only the long_tail rows, 0: none, otherwise both
 mkdir -p "$OUT"
 
 result_line() {  # result_line LOG -> the last RESULT_JSON payload of LOG (or nothing)
@@ -29,15 +42,17 @@ result_line() {  # result_line LOG -> the last RESULT_JSON payload of LOG (or no
 }
 
 run() {  # run TAG CMD... -> $OUT/TAG.log and $OUT/TAG.json
-  local tag=$1 t0=$SECONDS rc=0; shift
+  local tag=$1 t0=$SECONDS rc=0 load0; shift
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
   "$@" > "$OUT/$tag.log" 2>&1 || rc=$?
+  echo "$tag $load0 $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/loadavg.txt"
   local line; line=$(result_line "$OUT/$tag.log")
   if [[ $rc -eq 0 && -n $line ]]; then echo "$line" > "$OUT/$tag.json"
   else echo "{\"skipped\": \"rc=$rc; see $OUT/$tag.log\"}" > "$OUT/$tag.json"; fi
   echo "$tag: rc=$rc, $((SECONDS - t0)) s" >&2
 }
 
-if [[ $REUSE != 1 ]]; then
+if [[ $REUSE != 1 && $LONG_TAIL != 1 ]]; then
   if [[ $QUICK == 1 ]]; then
     run ours.sampler.bench-tiny "$PY" benchmarks/sampler.py --quick --no-memory-analysis
     cp "$OUT/ours.sampler.bench-tiny.json" "$OUT/ours.sampler.bench-small.json"
@@ -59,12 +74,31 @@ if [[ $REUSE != 1 ]]; then
       run anchor.trl_grpo_step.bench-tiny "$TRL_PY" "$ANCHORS/trl_grpo_step.py" bench-tiny; fi
   fi
 fi
+if [[ $REUSE != 1 && $LONG_TAIL != 0 ]]; then  # ours and the three anchors, in sequence
+  if [[ $QUICK == 1 ]]; then
+    run ours.long_tail.bench-tiny "$PY" benchmarks/sampler.py --workload long_tail --quick
+  else
+    run ours.long_tail.bench-tiny "$PY" benchmarks/sampler.py --workload long_tail \
+      --models bench-tiny
+  fi
+  if [[ $QUICK != 1 && $RUN_ANCHORS == 1 ]]; then
+    if [[ -x $TUNIX_PY ]]; then
+      run anchor.tunix_sampler.long_tail "$TUNIX_PY" "$ANCHORS/tunix_sampler.py" bench-tiny \
+        long_tail; fi
+    if [[ -x $HF_PY ]]; then
+      run anchor.hf_generate.long_tail "$HF_PY" "$ANCHORS/hf_generate.py" bench-tiny long_tail
+      run anchor.hf_continuous_batching.long_tail "$HF_PY" \
+        "$ANCHORS/hf_continuous_batching.py" bench-tiny
+    fi
+  fi
+fi
 
-OUT="$OUT" ANCHORS="$ANCHORS" QUICK="$QUICK" "$PY" - <<'EOF'
+OUT="$OUT" ANCHORS="$ANCHORS" QUICK="$QUICK" LONG_TAIL="$LONG_TAIL" "$PY" - <<'EOF'
 import glob, json, os
 
 out, anchors = os.environ["OUT"], os.environ["ANCHORS"]
 quick = os.environ["QUICK"] == "1"
+long_tail_only = os.environ["LONG_TAIL"] == "1"
 
 
 def load(tag):
@@ -99,13 +133,13 @@ rows = []  # (workload, ours, anchor name, anchor value, ratio ours/anchor, bett
 for m in ("bench-tiny", "bench-small"):
     ours = load(f"ours.sampler.{m}")
     for name, tag in (("Tunix", f"tunix_sampler.{m}"), ("HF generate", f"hf_generate.{m}")):
-        a = anchor(tag)
+        a = anchor(tag) if ours else None  # the note lists only the anchors used
         if ours and a:
             name += "*" if source[tag] == "results.json" else ""
             rows.append((f"sampler {m} (tok/s)", ours["decode_tok_s"], name,
                          a["decode_tok_s"], ours["decode_tok_s"] / a["decode_tok_s"], "higher"))
 rl = load("ours.rl_step.bench-tiny")
-trl = anchor("trl_grpo_step.bench-tiny")
+trl = anchor("trl_grpo_step.bench-tiny") if rl else None
 trl_name = "TRL" + ("*" if source.get("trl_grpo_step.bench-tiny") == "results.json" else "")
 if rl and trl:
     rows.append(("GRPO step bench-tiny (s)", rl["step_s_median"], trl_name,
@@ -119,6 +153,19 @@ if rl and trl:
     rows.append(("  reference + score (s)", ref, trl_name,
                  trl["split_s_median"]["score_ref_logps_reward"],
                  ref / trl["split_s_median"]["score_ref_logps_reward"], "lower"))
+LONG_TAIL_ANCHORS = (("Tunix (static)", "tunix_sampler.long_tail"),
+                     ("HF generate (static)", "hf_generate.long_tail"),
+                     ("HF continuous batching", "hf_continuous_batching.long_tail"))
+lt = load("ours.long_tail.bench-tiny")
+if lt:
+    w = "long_tail bench-tiny (useful tok/s)"
+    rows.append((w, lt["useful_tok_s"], "ours static", lt["static_useful_tok_s"],
+                 lt["useful_tok_s"] / lt["static_useful_tok_s"], "higher"))
+    for name, tag in LONG_TAIL_ANCHORS:
+        a = anchor(tag)
+        if a:
+            rows.append((w, lt["useful_tok_s"], name, a["useful_tok_s"],
+                         lt["useful_tok_s"] / a["useful_tok_s"], "higher"))
 
 print(f"results in {out}" + ("   [QUICK: 'test' preset against bench anchors: the ratios "
                              "mean nothing]" if quick else ""))
@@ -141,6 +188,23 @@ for m in ("bench-tiny", "bench-small"):
                  else "no peak rate in this result")
               + f"; compile {r['compile_s']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB, "
               f"load {r['loadavg_start']} -> {r['loadavg_end']}")
+if lt:
+    print(f"ours long_tail bench-tiny: slot refill, {lt['slots']} slots, refill every "
+          f"{lt['refill_every']} steps: occupancy {100 * lt['slot_occupancy']:.1f}% (static "
+          f"{100 * lt['static_slot_occupancy']:.1f}%), KV cache "
+          f"{lt['kv_cache_bytes'] / 2**20:.1f} MiB (static "
+          f"{lt['static_kv_cache_bytes'] / 2**20:.1f} MiB), {lt['useful_tokens']} useful "
+          f"tokens in {lt['median_s']:.2f} s (static {lt['static_median_s']:.2f} s)")
+    for name, tag in LONG_TAIL_ANCHORS:
+        a = anchor(tag)
+        if a:
+            print(f"anchor long_tail {name}: {a['useful_tok_s']:,.0f} useful tok/s, median "
+                  f"{a['median_s']:.2f} s")
+loadavg_txt = os.path.join(out, "loadavg.txt")
+if os.path.exists(loadavg_txt):  # every run's 1/5/15-min load average, before -> after
+    print("load: " + "; ".join(f"{t[0]} {' '.join(t[1:4])} -> {' '.join(t[4:7])}"
+                               for t in (line.split() for line in open(loadavg_txt))
+                               if len(t) == 7))
 if rl:
     print(f"ours GRPO step: split {({k: round(v, 3) for k, v in rl['split_s_median'].items()})}"
           f", roofline fractions {rl['roofline_fraction']}, load {rl['loadavg_start']}")
@@ -159,7 +223,8 @@ print(f"note: {note}")
 # achieved FLOP rate, in the same FLOP count, is its tokens/s times ours per token.
 ceilings = []
 for m in ("bench-tiny", "bench-small"):
-    ours, a = load(f"ours.sampler.{m}"), anchor(f"tunix_sampler.{m}")
+    ours = load(f"ours.sampler.{m}")
+    a = anchor(f"tunix_sampler.{m}") if ours else None
     if ours and a:
         theirs = ours["roofline_fraction"] * a["decode_tok_s"] / ours["decode_tok_s"]
         ceilings.append(f"sampler {m}: Tunix ran at {100 * theirs:.0f}% of the matmul rate "
@@ -195,7 +260,19 @@ if small:
 g = ratio("GRPO step", "TRL")
 if g is not None:
     parts.append(f"GRPO step {g:.2f}x TRL's time {'OK' if g <= 0.5 else 'MISS'}(<=0.5)")
-loads = [r["loadavg_start"][0] for r in (load("ours.sampler.bench-tiny"), small, rl) if r]
+if lt:
+    got = {name: ratio("long_tail", name) for name in
+           ("Tunix (static)", "HF continuous batching", "ours static")}
+    targets = (("Tunix (static)", "Tunix", 8), ("HF continuous batching", "HF CB", 5),
+               ("ours static", "our static", 3))
+    parts.append("long_tail " + ", ".join(
+        f"{got[k]:.2f}x {label} {'OK' if got[k] >= t else 'MISS'}(>={t})"
+        for k, label, t in targets if got[k] is not None)
+        + f", occupancy {100 * lt['slot_occupancy']:.1f}% "
+        f"{'OK' if lt['slot_occupancy'] >= 0.9 else 'MISS'}(>=90%), KV cache "
+        f"{lt['kv_cache_bytes'] / lt['static_kv_cache_bytes']:.2f}x static's "
+        f"{'OK' if lt['kv_cache_bytes'] <= lt['static_kv_cache_bytes'] else 'MISS'}(<=1)")
+loads = [r["loadavg_start"][0] for r in (load("ours.sampler.bench-tiny"), small, rl, lt) if r]
 print("summary: " + ("; ".join(parts) if parts else "no comparable results")
       + (f"; load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores" if loads else "")
       + ("; QUICK (behaviour only)" if quick else ""))

@@ -29,7 +29,8 @@ on the same lengths in one invocation, their timed calls alternating (the spec's
 timed call counts; median): useful tokens/s = sum(lengths) / median seconds, slot
 occupancy = useful decode slot-steps / all decode slot-steps (each row's first token comes
 from the prefill), and the KV-cache bytes of each (`Sampler.kv_cache_bytes`).
-`--sweep-refill-every 1 4 8 16` first times one call per refill period.
+`--sweep-refill-every 1 4 8 16` first times one call per refill period. With `--quick`: the
+"test" preset, 2 prompts x 4 samples, the first 8 lengths scaled to at most 16, 4 slots.
 """
 from __future__ import annotations
 
@@ -251,15 +252,37 @@ def long_tail_lengths(spec: dict) -> np.ndarray:
     return common.long_tail_lengths(spec).astype(np.int32)
 
 
-def long_tail(name: str, args) -> dict:
-    """Slot refill against our static batch on the long-tail lengths, one invocation."""
-    spec = args.spec_data
+def scale_lengths(lengths: np.ndarray, max_len: int, rows: int | None = None) -> np.ndarray:
+    """The first `rows` (default all) of int `lengths` [n] rescaled so that the longest of
+    all n becomes `max_len`: int32 [rows] in [1, max_len] (the long-tail shape
+    at another length, as the --quick preset and the TPU plan use)."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0 or max_len < 1:
+        raise ValueError(f"scale_lengths: need rows and max_len >= 1 (got {lengths.size} rows,"
+                         f" max_len {max_len})")
+    scaled = np.rint(lengths[:rows] * (max_len / float(lengths.max())))
+    return np.clip(scaled, 1, max_len).astype(np.int32)
+
+
+def long_tail_workload(spec: dict | None, quick: bool) -> tuple[dict, np.ndarray]:
+    """The spec's long_tail workload and its lengths int32 [rows]; with `quick`, 2 prompts x
+    4 samples of 8 tokens and those rows' lengths scaled to at most 16 (behaviour only)."""
     if spec is None or "long_tail" not in spec:
         raise SystemExit(f"--workload long_tail needs the anchors' spec.json with a long_tail "
                          f"workload ({roofline.SPEC_PATH} or --spec)")
+    w, lengths = dict(spec["long_tail"]), long_tail_lengths(spec)
+    if quick:
+        w.update(n_prompts=2, samples_per_prompt=4, rows=8, prompt_len=8, max_new_tokens=16,
+                 warmup_calls=1, timed_calls=1)
+        lengths = scale_lengths(lengths, 16, 8)
+    return w, lengths
+
+
+def long_tail(name: str, args) -> dict:
+    """Slot refill against our static batch on the long-tail lengths, one invocation."""
+    spec = args.spec_data
     roofline.check_preset_matches_spec(name, spec)
-    w = spec["long_tail"]
-    lengths = long_tail_lengths(spec)
+    w, lengths = long_tail_workload(spec, args.quick)
     g, max_len = w["samples_per_prompt"], w["max_new_tokens"]
     cfg, params, static = build(name, args.cache_dtype, args.decode_stages, args.devices)
     prompts = prompt_ids(cfg.vocab_size, w["n_prompts"], w["prompt_len"])
@@ -392,10 +415,12 @@ def main(argv=None) -> int:
 
 def main_long_tail(args) -> int:
     """--workload long_tail: one RESULT_JSON line per model."""
-    w = args.spec_data["long_tail"] if args.spec_data else {"rows": 256}
+    w, _ = long_tail_workload(args.spec_data, args.quick)
+    if args.quick:
+        args.slots = min(args.slots, 4)
     args.devices = roofline.use_cpu_devices(args.cpu_devices, [w["rows"], args.slots])
     results = {"machine": roofline.machine_info(probe=False), "runs": {}}
-    for name in args.models or ["bench-tiny"]:
+    for name in args.models or (["test"] if args.quick else ["bench-tiny"]):
         r = long_tail(name, args)
         results["runs"][name] = r
         print(f"{name} long_tail: refill ({r['slots']} slots, refill every "

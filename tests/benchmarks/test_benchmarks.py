@@ -139,3 +139,99 @@ def test_compare_sh_table(quick_results, tmp_path):
     best = sum(rl["split_s_median"][k] * min(1.0, rl["roofline_fraction"][k])
                for k in ("sample", "reference", "train"))
     assert f"{best:.2f} s = {best / 5.0:.2f}x TRL's time" in ceiling
+
+
+def test_scale_lengths_keeps_the_shape():
+    import numpy as np
+
+    lengths = np.array([8, 96, 512, 100])
+    got = sampler_bench.scale_lengths(lengths, 64)
+    assert got.dtype == np.int32 and got.tolist() == [1, 12, 64, 12]
+    assert sampler_bench.scale_lengths(lengths, 1024, 2).tolist() == [16, 192]  # of all 4
+    with pytest.raises(ValueError, match="max_len"):
+        sampler_bench.scale_lengths(lengths, 0)
+
+
+def test_sampler_long_tail_quick(tmp_path):
+    if roofline.load_spec() is None:
+        pytest.skip("anchors' spec.json is not on this machine")
+    out = tmp_path / "lt.json"
+    assert sampler_bench.main(["--workload", "long_tail", "--quick", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["runs"]["test"]
+    assert r["rows"] == 8 and r["slots"] == 4 and r["max_new_tokens"] == 16
+    assert 0 < r["slot_occupancy"] <= 1 and 0 < r["static_slot_occupancy"] <= 1
+    assert 0 < r["kv_cache_bytes"] <= r["static_kv_cache_bytes"]
+    assert r["useful_tok_s"] > 0 and r["static_useful_tok_s"] > 0
+
+
+def test_compare_sh_long_tail_table(tmp_path):
+    ours = {"useful_tok_s": 4000.0, "static_useful_tok_s": 1000.0, "slot_occupancy": 0.95,
+            "static_slot_occupancy": 0.23, "kv_cache_bytes": 10 * 2**20,
+            "static_kv_cache_bytes": 20 * 2**20, "slots": 32, "refill_every": 8,
+            "useful_tokens": 30000, "median_s": 7.5, "static_median_s": 30.0,
+            "loadavg_start": [1.0, 1.0, 1.0]}
+    (tmp_path / "ours.long_tail.bench-tiny.json").write_text(json.dumps(ours))
+    for tag, value in (("tunix_sampler", 400.0), ("hf_generate", 800.0),
+                       ("hf_continuous_batching", 1000.0)):
+        (tmp_path / f"anchor.{tag}.long_tail.json").write_text(
+            json.dumps({"useful_tok_s": value, "median_s": 30000 / value}))
+    (tmp_path / "loadavg.txt").write_text("ours.long_tail.bench-tiny 1.0 1.1 1.2 1.3 1.4 1.5\n")
+    env = {**os.environ, "REUSE": "1", "LONG_TAIL": "1", "OUT": str(tmp_path),
+           "ANCHORS": str(tmp_path / "none"), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "compare.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = {line.split("|")[3].strip(): float(line.split("|")[5])
+             for line in proc.stdout.splitlines() if line.startswith("| long_tail")}
+    assert table == {"ours static": 4.0, "Tunix (static)": 10.0,
+                     "HF generate (static)": 5.0, "HF continuous batching": 4.0}
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("summary: long_tail 10.00x Tunix OK(>=8), 4.00x HF CB MISS(>=5)")
+    assert "4.00x our static OK(>=3)" in summary and "occupancy 95.0% OK" in summary
+    assert "KV cache 0.50x static's OK" in summary
+    assert "load: ours.long_tail.bench-tiny 1.0 1.1 1.2 -> 1.3 1.4 1.5" in proc.stdout
+
+
+def test_ks_statistic():
+    import numpy as np
+
+    a = np.array([1, 2, 3, 4])
+    assert rl_step.ks_statistic(a, a[::-1]) == 0.0
+    assert rl_step.ks_statistic(a, np.array([10, 11])) == 1.0
+    assert rl_step.ks_statistic(np.array([1, 2]), np.array([2, 3])) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="both samples"):
+        rl_step.ks_statistic(a, np.array([], int))
+
+
+def test_pad_groups_masks_the_extra_rows():
+    import numpy as np
+
+    host = {"tokens": np.ones((4, 6), np.int32), "sampler_logp": np.ones((4, 6), np.float32),
+            "lengths": np.array([6, 5, 4, 3], np.int32),
+            "prompt_tokens": np.full((2, 3), 7, np.int32),
+            "prompt_valid": np.ones((2, 3), bool)}
+    got = rl_step.pad_groups(host, 3, 2)
+    assert got["tokens"].shape == (6, 6) and got["prompt_tokens"].shape == (3, 3)
+    assert got["lengths"].tolist() == [6, 5, 4, 3, 0, 0]
+    assert (got["tokens"][4:] == 0).all() and (got["prompt_tokens"][2] == 7).all()
+    with pytest.raises(ValueError, match="more than"):
+        rl_step.pad_groups(host, 1, 2)
+
+
+def test_rl_step_long_tail_quick(tmp_path):
+    """Partial rollouts on the seeded lengths: every trained row has its own seeded length,
+    and the result has the per-variant layout."""
+    if roofline.load_spec() is None:
+        pytest.skip("anchors' spec.json is not on this machine")
+    out = tmp_path / "lt.json"
+    assert rl_step.main(["--workload", "long_tail", "--quick", "--variants", "refill_partial",
+                         "--steps", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["result"]
+    assert set(r["variants"]) == {"refill_partial"}
+    v = r["variants"]["refill_partial"]
+    assert v["warmup_steps"] == 4 and v["timed_steps"] == 2 and v["step_s_median"] > 0
+    assert v["trained_length"]["n"] == v["trained_rows"] > 0
+    assert 0 <= v["ks_trained_vs_generated"] <= 1
+    assert set(v["partial"]) >= {"rows_continued", "rows_dropped", "stale_token_share"}
+    _, lengths = sampler_bench.long_tail_workload(roofline.load_spec(), quick=True)
+    assert v["trained_length"]["max"] <= int(lengths.max())
