@@ -23,7 +23,12 @@ Masking, for every implementation: query t (cache slot cache_index + t) attends 
 iff s <= cache_index + t, key_valid[b, s], in a sliding-window layer
 cache_index + t - s < window, and, with segment ids, segment_ids[b, t] == segment_ids[b, s].
 Segment ids (int32 [B, T], no cache) are >= 1 for real tokens, 0 for padding; tokens of one
-segment form one sequence (padding-free packing). Outputs at padding positions (key_valid
+segment form one sequence (padding-free packing). With `prompt_segment_ids` too (int32
+[B, T], the packs of `rl.packing` that share a group's prompt among its completions), query
+t also attends to the keys of segment prompt_segment_ids[b, t]: segment_ids[b, s] is
+segment_ids[b, t] or prompt_segment_ids[b, t]. Only the reference computes that mask (the
+kernels know segment equality only: they fall back, logged once), and not in a
+sliding-window layer (the window counts slots). Outputs at padding positions (key_valid
 False or segment 0) are unspecified: callers mask them.
 """
 
@@ -48,8 +53,8 @@ _NOTED: set[tuple[str, str]] = set()
 
 
 def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
-                   window: int | None = None, segment_ids: jax.Array | None = None
-                   ) -> jax.Array:
+                   window: int | None = None, segment_ids: jax.Array | None = None,
+                   prompt_segment_ids: jax.Array | None = None) -> jax.Array:
     """Causal + validity (+ sliding-window) (+ same-segment) mask.
 
     Args:
@@ -60,6 +65,8 @@ def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
         included (query_slot - key_slot < window).
       segment_ids: optional int32 [B, T] with S == T (no cache): a query sees only the keys
         of its own segment.
+      prompt_segment_ids: optional int32 [B, T], with segment_ids: a query also sees the
+        keys of segment prompt_segment_ids[b, t] (its group's shared prompt).
     Returns: bool [B, T, S].
     """
     query_slot = cache_index + jnp.arange(num_queries)[:, None]
@@ -69,7 +76,10 @@ def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
         allowed = allowed & (query_slot - key_slot < window)
     mask = allowed[None] & key_valid[:, None, :]
     if segment_ids is not None:
-        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        if prompt_segment_ids is not None:
+            same = same | (prompt_segment_ids[:, :, None] == segment_ids[:, None, :])
+        mask = mask & same
     return mask
 
 
@@ -270,7 +280,8 @@ def _note_fallback(impl: str, reason: str, requested: str) -> None:
 
 
 def attend(cfg, q, k, v, key_valid, cache_index, window, *, head_major: bool,
-           first_slot: int | None, segment_ids: jax.Array | None = None) -> jax.Array:
+           first_slot: int | None, segment_ids: jax.Array | None = None,
+           prompt_segment_ids: jax.Array | None = None) -> jax.Array:
     """Attention of the queries over the keys/values, by `cfg.attention_impl`.
 
     Args:
@@ -284,17 +295,24 @@ def attend(cfg, q, k, v, key_valid, cache_index, window, *, head_major: bool,
         stack's per-layer window, `transformer.layer_attention_setup`).
       first_slot: cache_index as a python int when it is static, else None.
       segment_ids: optional int32 [B, T] (no cache; see the module docstring).
+      prompt_segment_ids: optional int32 [B, T] with segment_ids: the shared-prompt
+        segment each query also attends to (module docstring); reference attention only.
     Returns: [B, T, K, G, hd] in q's dtype.
     """
     length = q.shape[1]
+    if prompt_segment_ids is not None and (segment_ids is None or window is not None):
+        raise ValueError("prompt_segment_ids need segment_ids and a layer without a sliding "
+                         "window (the window counts slots, not positions)")
     if segment_ids is not None and k.shape[2 if head_major else 1] != length:
         raise ValueError(f"segment_ids need keys = queries (no KV cache): got {length} "
                          f"queries over {k.shape[2 if head_major else 1]} key slots")
     decode = head_major and length == 1
     impl = resolve_impl(cfg.attention_impl)
     if impl != "reference" and not decode:
-        reason = fallback_reason(impl, cfg, dtype=q.dtype, first_slot=first_slot,
-                                 window=window)
+        reason = ("the shared-prompt mask (prompt_segment_ids) is not segment equality"
+                  if prompt_segment_ids is not None else
+                  fallback_reason(impl, cfg, dtype=q.dtype, first_slot=first_slot,
+                                  window=window))
         if reason is None:
             if head_major:
                 k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
@@ -302,7 +320,8 @@ def attend(cfg, q, k, v, key_valid, cache_index, window, *, head_major: bool,
             kernel = splash_attention if impl == "splash" else cudnn_attention
             return kernel(cfg, q, k, v, q_ids, kv_ids, first_slot, window)
         _note_fallback(impl, reason, cfg.attention_impl)
-    mask = attention_mask(key_valid, length, cache_index, window, segment_ids)  # [B, T, S]
+    mask = attention_mask(key_valid, length, cache_index, window, segment_ids,
+                          prompt_segment_ids)                                # [B, T, S]
     if decode:  # reads the head-major cache in place
         return _attend_one_query(cfg, q, k, v, mask)
     if head_major:  # prefill / a tool result: the cache back to [B, S, K, hd]

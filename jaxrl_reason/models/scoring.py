@@ -96,30 +96,39 @@ def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
     """
     hidden = completion_hidden(model, params, prompt_tokens, prompt_valid, completion_tokens,
                                completion_mask, dropout_rng=dropout_rng)
+    logp, entropy = hidden_logprobs(model, params, hidden, completion_tokens,
+                                    temperature=temperature, with_entropy=with_entropy,
+                                    mesh=mesh, batch_axes=batch_axes)
     mask = completion_mask.astype(jnp.float32)
+    return logp * mask, entropy * mask
+
+
+def hidden_logprobs(model: Transformer, params, hidden, targets, *, temperature: float = 1.0,
+                    with_entropy: bool = True, mesh=None, batch_axes=None):
+    """Log-probs of `targets` int32 [B, T] (and entropies) from final hidden states
+    [B, T, D], by `logprobs_impl(model.cfg)`; f32 [B, T] each (entropy zeros if not
+    with_entropy). Unmasked: every slot is scored."""
     impl = logprobs_impl(model.cfg)
     if impl == "pallas":
         unembedding = model.apply({"params": params}, method=Transformer.unembedding)
-        logp, entropy = _pallas_logprobs(
-            hidden, unembedding, completion_tokens, temperature=float(temperature),
+        return _pallas_logprobs(
+            hidden, unembedding, targets, temperature=float(temperature),
             softcap=model.cfg.final_logit_softcap, with_entropy=with_entropy, mesh=mesh,
             batch_axes=batch_axes)
-        return logp * mask, entropy * mask
-    if impl == "chunked":  # never materializes [N, L, V] logits
+    if impl == "chunked":  # never materializes [B, T, V] logits
         unembedding = model.apply({"params": params}, method=Transformer.unembedding)
-        logp, entropy = chunked_logprobs(
-            hidden, unembedding, completion_tokens, temperature=temperature,
+        return chunked_logprobs(
+            hidden, unembedding, targets, temperature=temperature,
             softcap=model.cfg.final_logit_softcap, with_entropy=with_entropy,
             seq_chunk=model.cfg.logprobs_seq_chunk, vocab_chunk=model.cfg.logprobs_vocab_chunk)
-        return logp * mask, entropy * mask
     logits = model.apply({"params": params}, hidden, method=Transformer.logits)
     logprobs = jax.nn.log_softmax(logits / temperature, axis=-1)
-    logp = jnp.take_along_axis(logprobs, completion_tokens[..., None], axis=-1)[..., 0]
+    logp = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
     if with_entropy:
         entropy = -jnp.sum(jnp.exp(logprobs) * logprobs, axis=-1)
     else:
         entropy = jnp.zeros_like(logp)
-    return logp * mask, entropy * mask
+    return logp, entropy
 
 
 def completion_hidden(model: Transformer, params, prompt_tokens, prompt_valid,

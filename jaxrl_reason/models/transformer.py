@@ -20,9 +20,11 @@ Conventions for all entry points:
   cache_index int32 []       slot of tokens[:, 0] in the cache (0 without a cache)
   segment_ids int32 [B, T]   optional, without a cache: packed rows, >= 1 per sequence, 0
                              for padding
+  prompt_segment_ids int32 [B, T]  optional, with segment_ids: the other segment a token
+                             attends to (a shared prompt; see `models.attention`)
 Query t attends to key slot s iff s <= cache_index + t and key_valid[b, s] (and, in a
 sliding-window layer, cache_index + t - s < sliding_window; with segment ids, only inside
-its segment). `models.attention` computes it (`ModelConfig.attention_impl`: jnp reference,
+its segment, or its prompt segment). `models.attention` computes it (`ModelConfig.attention_impl`: jnp reference,
 splash on TPU, cuDNN on GPU).
 """
 
@@ -178,7 +180,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, key_valid, cache, cache_index, layer_sliding=None,
-                 first_slot: int | None = None, segment_ids=None):
+                 first_slot: int | None = None, segment_ids=None, prompt_segment_ids=None):
         cfg = self.cfg
         sliding = self.sliding if layer_sliding is None else layer_sliding
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
@@ -217,7 +219,8 @@ class Attention(nn.Module):
         q = q.reshape(batch, length, cfg.n_kv_heads, groups, cfg.head_dim)
         out = attention.attend(cfg, q, k.astype(dtype), v.astype(dtype), key_valid,
                                cache_index, window, head_major=cache is not None,
-                               first_slot=first_slot, segment_ids=segment_ids)
+                               first_slot=first_slot, segment_ids=segment_ids,
+                               prompt_segment_ids=prompt_segment_ids)
         out = out.reshape(batch, length, cfg.n_heads, cfg.head_dim)
         if cfg.lora is not None:
             out = projection(cfg, "attn.o_proj", (cfg.d_model,), 2,
@@ -296,12 +299,12 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, layer_in, positions, key_valid, cache_index, first_slot=None,
-                 segment_ids=None):
+                 segment_ids=None, prompt_segment_ids=None):
         cfg = self.cfg
         cache, layer_sliding = layer_in
         h, new_cache = Attention(cfg, self.sliding, name="attn")(
             _norm(cfg, "attn_norm")(x), positions, key_valid, cache, cache_index,
-            layer_sliding, first_slot, segment_ids)
+            layer_sliding, first_slot, segment_ids, prompt_segment_ids)
         if cfg.post_norms:
             h = _norm(cfg, "post_attn_norm")(h)
         x = constrain(x + h, ACTIVATION_LOGICAL)
@@ -336,7 +339,7 @@ def _scanned_stack(cfg: ModelConfig):
     return nn.scan(_block_class(cfg.remat, scanned=True),
                    variable_axes={"params": 0},
                    split_rngs={"params": True, DROPOUT_RNG: True},  # a mask per layer
-                   in_axes=(0,) + (nn.broadcast,) * 5,
+                   in_axes=(0,) + (nn.broadcast,) * 6,
                    length=cfg.n_layers, metadata_params={nn.PARTITION_NAME: "layers"})
 
 
@@ -362,9 +365,11 @@ class Transformer(nn.Module):
                                       (cfg.d_model, cfg.vocab_size), pdtype)
 
     def __call__(self, tokens, positions, key_valid, cache: Cache | None = None,
-                 cache_index=0, return_hidden: bool = False, segment_ids=None):
+                 cache_index=0, return_hidden: bool = False, segment_ids=None,
+                 prompt_segment_ids=None):
         """segment_ids: optional int32 [B, T] without a cache (packed rows: attention stays
-        inside a segment; see `attention`)."""
+        inside a segment; see `attention`); prompt_segment_ids: optional int32 [B, T], the
+        segment each token also attends to (packs sharing a group's prompt)."""
         cfg = self.cfg
         x = jnp.take(self.embedding, tokens, axis=0).astype(jnp.dtype(cfg.dtype))
         if cfg.embed_scale:
@@ -373,13 +378,14 @@ class Transformer(nn.Module):
         first_slot = cache_index if isinstance(cache_index, int) else None
         if cfg.scan_layers:
             x, new_cache = self.layers(x, (cache, self._layer_sliding_flags()), positions,
-                                       key_valid, cache_index, first_slot, segment_ids)
+                                       key_valid, cache_index, first_slot, segment_ids,
+                                       prompt_segment_ids)
         else:
             new_cache = []
             for i, layer in enumerate(self.layers):
                 x, layer_cache = layer(x, (None if cache is None else cache[i], None),
                                        positions, key_valid, cache_index, first_slot,
-                                       segment_ids)
+                                       segment_ids, prompt_segment_ids)
                 new_cache.append(layer_cache)
             new_cache = None if cache is None else tuple(new_cache)
         x = self.final_norm(x)

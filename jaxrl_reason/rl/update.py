@@ -2,8 +2,10 @@
 (and by `plan.py`'s ahead-of-time compiles and the benchmarks, which time them alone):
 
   make_logprob_fn   (params, rollout arrays) -> log-probs f32 [N, L]: old-policy / reference
+  make_packed_logprob_fn  the same from packs (`rl.packing`, `rl/packing.py`)
   make_update_fn    (state, batch) -> (state, metrics): the policy loss's gradient step,
-                    state donated, optionally accumulated over micro-batches
+                    state donated, optionally accumulated over micro-batches; with
+                    `packed=True` the model runs on the batch's packs (`packed_logprobs`)
   mix_reference     the TR-DPO / TRL reference sync, alpha * policy + (1 - alpha) * ref
   adaptive_kl_beta  Ziegler et al.'s adaptive KL coefficient (host float math)
 """
@@ -16,8 +18,8 @@ import numpy as np
 
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
-from jaxrl_reason.models.lora import dropout_key
-from jaxrl_reason.models.scoring import completion_logprobs, per_row_prompts
+from jaxrl_reason.models.lora import dropout_key, dropout_rngs
+from jaxrl_reason.models.scoring import completion_logprobs, hidden_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl.batches import micro_sharding, from_micro, to_micro
 from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
@@ -51,6 +53,58 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
                    compiler_options=platform.compiler_options("dense", mesh))
 
 
+PACK_KEYS = ("pack_tokens", "pack_positions", "pack_segments", "pack_prompt_segments",
+             "pack_targets", "pack_index")
+
+
+def packed_logprobs(model, params, packs, *, temperature: float, share_prompts: bool,
+                    with_entropy: bool = True, mesh=None, batch_axes=None, dropout_rng=None):
+    """Per-row log-probs (and entropies) of a packed batch: the decoder runs on the packs,
+    each slot scores its target, and the slots are gathered back to the rows.
+
+    Args:
+      packs: the arrays of `packing.Packs.arrays()` (pack_* int32 [K, T]; pack_index int32
+        [N, L], -1 where a row reads no token).
+      share_prompts: whether the packs share prompts (`packing.shares_prompts`): only then
+        does the attention take `pack_prompt_segments` (the kernels cannot).
+    Returns: logp f32 [N, L] and entropy f32 [N, L] (0 where pack_index is -1; entropy all
+    0 unless with_entropy), the values of `completion_logprobs` on the padded rows up to
+    float summation order.
+    """
+    segments = packs["pack_segments"]
+    hidden, _ = model.apply(
+        {"params": params}, packs["pack_tokens"], packs["pack_positions"], segments > 0,
+        return_hidden=True, segment_ids=segments,
+        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None,
+        rngs=dropout_rngs(dropout_rng, 0))
+    logp, entropy = hidden_logprobs(model, params, hidden, packs["pack_targets"],
+                                    temperature=temperature, with_entropy=with_entropy,
+                                    mesh=mesh, batch_axes=batch_axes)
+    index = packs["pack_index"]
+    real = index >= 0
+
+    def rows(x):  # [K, T] -> [N, L]; the gradient scatters back to the slots
+        return jnp.where(real, x.reshape(-1)[jnp.maximum(index, 0)], 0.0)
+
+    return rows(logp), rows(entropy)
+
+
+def make_packed_logprob_fn(model, temperature: float, share_prompts: bool, mesh=None,
+                           rules=()):
+    """Jitted (params, packs) -> logp f32 [N, L]: `make_logprob_fn`'s values from the packs
+    (`packed_logprobs`; packs a dict with the `PACK_KEYS`)."""
+    batch_axes = dict(rules).get("batch") if mesh is not None else None
+
+    def fn(params, packs):
+        logp, _ = packed_logprobs(model, params, packs, temperature=temperature,
+                                  share_prompts=share_prompts, with_entropy=False,
+                                  mesh=mesh, batch_axes=batch_axes)
+        return logp
+
+    return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
+                   compiler_options=platform.compiler_options("dense", mesh))
+
+
 def adaptive_kl_beta(beta: float, kl: float, target: float, horizon: float,
                      batch_size: int) -> float:
     """Adaptive KL controller (Ziegler et al. 2019): beta *= 1 + clip(kl / target - 1,
@@ -72,7 +126,7 @@ def mix_reference(ref_params, params, alpha: float):
 
 
 def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference",
-                   dropout_seed: int = 0):
+                   dropout_seed: int = 0, packed: bool = False, share_prompts: bool = True):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics).
 
     With `rl.micro_batches` = k > 1 the rows are split into k strided micro-batches whose
@@ -82,16 +136,30 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
 
     LoRA dropout (`model.cfg.lora.dropout` > 0) runs in this pass only, with the key
     `lora.dropout_key(lora, dropout_seed, state.step)` (micro-batch i: folded with i).
+
+    packed: the batch carries packs (the `PACK_KEYS`, `rl/packing.py`) instead of prompt and
+    completion tokens, and the log-probs come from `packed_logprobs` (share_prompts as
+    there); the loss, on the [N, L] rows, is the same code. One micro-batch only.
     """
+    if packed and int(rl.get("micro_batches", 1)) != 1:
+        raise ValueError("rl.packing: the packed update runs one micro-batch "
+                         f"(rl.micro_batches = {rl.micro_batches})")
     k = int(rl.get("micro_batches", 1))
     backend = kernel_backend
     batch_axes = dict(rules).get("batch") if mesh is not None else None
 
-    def loss_fn(params, batch, dropout_rng=None):
-        logp, entropy = completion_logprobs(
+    def scores(params, batch, dropout_rng):
+        if packed:
+            return packed_logprobs(model, params, batch, temperature=rl.temperature,
+                                   share_prompts=share_prompts, mesh=mesh,
+                                   batch_axes=batch_axes, dropout_rng=dropout_rng)
+        return completion_logprobs(
             model, params, batch["prompt_tokens"], batch["prompt_valid"],
             batch["completion_tokens"], batch["mask"], temperature=rl.temperature, mesh=mesh,
             batch_axes=batch_axes, dropout_rng=dropout_rng)
+
+    def loss_fn(params, batch, dropout_rng=None):
+        logp, entropy = scores(params, batch, dropout_rng)
         old = batch["old_logp"] if rl.num_iterations > 1 else jax.lax.stop_gradient(logp)
         in_loss_kl = rl.beta > 0 and not rl.kl_in_reward
         # Tool-use rollouts: result tokens (in `mask`, read by the model) carry no loss.

@@ -179,6 +179,56 @@ def test_splash_runs_per_device_under_a_mesh():
         np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5)
 
 
+# One pack: a prompt segment (1), two sibling completions attending to it (2, 3), a second
+# prompt (4) with one completion (5), padding.
+PACK_SEG = np.array([[1] * 9 + [2] * 20 + [3] * 14 + [4] * 6 + [5] * 11 + [0] * 4], np.int32)
+PACK_PROMPT = np.array([[1] * 9 + [1] * 20 + [1] * 14 + [4] * 6 + [4] * 11 + [0] * 4],
+                       np.int32)
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_reference_with_a_shared_prompt_equals_numpy_masked_softmax(chunk):
+    """prompt_segment_ids: a completion attends causally to itself and to its group's prompt
+    segment, never to a sibling completion or another group."""
+    cfg = models.get_preset("test", attention_impl="reference", attention_chunk=chunk)
+    q, k, v = _qkv(cfg, *PACK_SEG.shape, seed=3)
+    seg, prompt = jnp.asarray(PACK_SEG), jnp.asarray(PACK_PROMPT)
+    out = attention.attend(cfg, q, k, v, seg > 0, 0, None, head_major=False, first_slot=0,
+                           segment_ids=seg, prompt_segment_ids=prompt)
+    slot = np.arange(PACK_SEG.shape[1])
+    allowed = ((slot[None, :, None] >= slot[None, None, :]) & (PACK_SEG[:, None, :] > 0)
+               & ((PACK_SEG[:, :, None] == PACK_SEG[:, None, :])
+                  | (PACK_PROMPT[:, :, None] == PACK_SEG[:, None, :])))
+    assert not allowed[0, 30, 10] and allowed[0, 30, 5] and not allowed[0, 55, 5]
+    want = _numpy_attention(q, k, v, allowed, cfg.head_dim ** -0.5, None)
+    real = (PACK_SEG > 0)[:, :, None, None, None]
+    np.testing.assert_allclose(np.where(real, out, 0), np.where(real, want, 0), rtol=0,
+                               atol=2e-5)
+
+
+def test_a_shared_prompt_mask_under_a_kernel_falls_back_once(monkeypatch, caplog):
+    """Splash knows segment equality only: with prompt_segment_ids it logs one line naming
+    the shared-prompt mask and runs the reference (bit-identical)."""
+    monkeypatch.setattr(attention, "_NOTED", set())
+    cfg = models.get_preset("test", attention_impl="splash")
+    q, k, v = _qkv(cfg, *PACK_SEG.shape)
+    seg, prompt = jnp.asarray(PACK_SEG), jnp.asarray(PACK_PROMPT)
+    run = lambda c: attention.attend(c, q, k, v, seg > 0, 0, None, head_major=False,  # noqa
+                                     first_slot=0, segment_ids=seg, prompt_segment_ids=prompt)
+    with caplog.at_level(logging.INFO, logger=attention.__name__):
+        outs = [run(cfg) for _ in range(2)]
+    lines = [r for r in caplog.records if r.name == attention.__name__]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "shared-prompt mask" in lines[0].getMessage()
+    want = run(dataclasses.replace(cfg, attention_impl="reference"))
+    for out in outs:
+        np.testing.assert_array_equal(out, want)
+    with pytest.raises(ValueError, match="prompt_segment_ids need segment_ids and a layer "
+                                         "without a sliding window"):
+        attention.attend(cfg, q, k, v, seg > 0, 0, 8, head_major=False, first_slot=0,
+                         segment_ids=seg, prompt_segment_ids=prompt)
+
+
 def test_cudnn_falls_back_on_cpu_with_one_log_line(monkeypatch, caplog):
     """Asked for by name off GPU, cuDNN attention logs one WARNING naming the reason, then
     the reference runs: bit-identical to attention_impl="reference"."""
