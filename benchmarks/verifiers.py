@@ -24,11 +24,17 @@ between the verifiers batch by batch (so a change of load on a shared machine hi
     syntax-tree builder refuses, and a sum of sines of 10^{59940}-sized integers, which it
     admits and which is cut at the deadline).
 
+Today's verifier prepares each batch before its calls (`correctness_prefetch`, run by
+`RewardPool`): the parent extracts and decides what it can, and the comparisons left go to
+worker jobs of many comparisons each, run first on the W threads; its calls then mostly find
+their verdicts decided, so its per-call latencies leave out those jobs, whose count, p99 wall
+time and the preparation time are reported beside (the batch's answers/s counts all of it).
+
 The older verifiers are those of `--old-rev` (by default the syntax-tree sympy verifier that
 preceded math-verify; several revisions may be given), loaded from git next to today's by
 `_old_verifier.py`. Isolation modes (`--isolation`): "bwrap" (the default: each zygote under
 bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces) and "off" (the
-zygotes run as the trainer's own user). Every verifier forks one job per comparison. Per
+zygotes run as the trainer's own user). The older verifiers fork one job per comparison. Per
 verifier and mode, the zygotes' start-up (cold) and the rate of raw sympy comparisons
 (`SympyPool.compare` on distinct pairs from 2 threads, no string fast paths) are reported
 too, and the ratios of today's throughput and p99 to the older one's. The verdicts are
@@ -40,6 +46,7 @@ x>2` is the union of two rays).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -174,12 +181,15 @@ def _raw_rate(sympy_pool, n: int, threads: int) -> float:
     return rate
 
 
-def _timed_pass(pool, items, latencies: list) -> tuple[float, list[float], object]:
-    """(answers/s, per-call latencies in s, BatchRewards) of one batch through `pool`."""
+def _timed_pass(pool, items, latencies: list,
+                jobs: list) -> tuple[float, list[float], object, list]:
+    """(answers/s, per-call latencies in s, BatchRewards, prefetch timings) of one batch
+    through `pool`."""
     latencies.clear()
+    jobs.clear()
     t0 = time.perf_counter()
     result = pool.score([c for c, _, _ in items], [e for _, e, _ in items])
-    return len(items) / (time.perf_counter() - t0), list(latencies), result
+    return len(items) / (time.perf_counter() - t0), list(latencies), result, list(jobs)
 
 
 def _mislabelled(result, name: str, items) -> int:
@@ -197,18 +207,23 @@ def _run_workers(verifiers: dict, workers: int, args, clean, hostile) -> list[di
 
     pools = {name: RewardPool({v["reward"]: 1.0}, num_workers=workers,
                               timeout_s=args.pool_timeout) for name, v in verifiers.items()}
-    stats = {name: {"cold": [], "cached": [], "cold_lat": [], "cached_lat": []}
-             for name in verifiers}
+    stats = {name: {"cold": [], "cached": [], "cold_lat": [], "cached_lat": [], "jobs": [],
+                    "job_s": [], "prepare_s": []} for name in verifiers}
     try:
         for name, v in verifiers.items():  # warm-up: threads, imports, worker start-up
             pools[name].score([c for c, _, _ in clean[:32]], [e for _, e, _ in clean[:32]])
         for _ in range(args.repeats):
             for name, v in verifiers.items():
                 v["sympy_pool"]._verdicts.clear()
-                rate, lat, cold = _timed_pass(pools[name], clean, v["latencies"])
+                rate, lat, cold, jobs = _timed_pass(pools[name], clean, v["latencies"],
+                                                    v["jobs"])
                 stats[name]["cold"].append(rate)
                 stats[name]["cold_lat"] += lat
-                rate, lat, cached = _timed_pass(pools[name], clean, v["latencies"])
+                stats[name]["jobs"].append(sum(kind == "job" for kind, _ in jobs))
+                stats[name]["job_s"] += [s for kind, s in jobs if kind == "job"]
+                stats[name]["prepare_s"] += [s for kind, s in jobs if kind == "prepare"]
+                rate, lat, cached, _ = _timed_pass(pools[name], clean, v["latencies"],
+                                                   v["jobs"])
                 stats[name]["cached"].append(rate)
                 stats[name]["cached_lat"] += lat
                 stats[name]["mislabelled"] = _mislabelled(cold, v["reward"], clean)
@@ -224,6 +239,9 @@ def _run_workers(verifiers: dict, workers: int, args, clean, hostile) -> list[di
                 "p99_ms": 1e3 * _percentile(st["cold_lat"], 0.99),
                 "cached_answers_per_s": statistics.median(st["cached"]),
                 "cached_p99_ms": 1e3 * _percentile(st["cached_lat"], 0.99),
+                "prefetch_jobs": statistics.median(st["jobs"]),
+                "prefetch_job_p99_ms": 1e3 * _percentile(st["job_s"], 0.99),
+                "prefetch_prepare_ms": 1e3 * statistics.median(st["prepare_s"] or [0.0]),
                 "mislabelled": st["mislabelled"],
                 "adversarial_batch_s": time.perf_counter() - t0,
                 "adversarial_reasons": dict(bad.reasons),
@@ -281,10 +299,11 @@ def main(argv: list[str] | None = None) -> dict:
     for rev in revs:
         old = load_old_verifier(rev)
         fns[f"old {rev}"] = (old.correctness, sys.modules[old.__package__ + "._sympy_worker"])
-    verifiers = {name: {"reward": f"correctness_timed_{k}", "module": module, "latencies": []}
-                 for k, (name, (_, module)) in enumerate(fns.items())}
+    verifiers = {name: {"reward": f"correctness_timed_{k}", "module": module, "latencies": [],
+                        "jobs": []} for k, (name, (_, module)) in enumerate(fns.items())}
     for name, (fn, _) in fns.items():
-        _register_timed(verifiers[name]["reward"], fn, verifiers[name]["latencies"])
+        _register_timed(verifiers[name]["reward"], fn, verifiers[name]["latencies"],
+                        verifiers[name]["jobs"])
 
     clean = build_items(args.clean, 0.0, args.seed)
     hostile = build_items(args.adversarial_batch, args.adversarial_frac, args.seed + 1)
@@ -320,8 +339,10 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
-def _register_timed(name: str, fn, latencies: list) -> None:
-    """Register reward `name`: `fn`, its wall time per call appended to `latencies`."""
+def _register_timed(name: str, fn, latencies: list, jobs: list) -> None:
+    """Register reward `name`: `fn`, its wall time per call appended to `latencies`; when
+    `fn` has a batch `prefetch` (today's verifier), the wall times of its preparation and of
+    each of its worker-job tasks go to `jobs` (see `_timed_prefetch`)."""
     from jaxrl_reason.rewards import register_reward
 
     lock = threading.Lock()
@@ -333,6 +354,31 @@ def _register_timed(name: str, fn, latencies: list) -> None:
         with lock:
             latencies.append(time.perf_counter() - t0)
         return out
+
+    if hasattr(fn, "prefetch"):  # the batch preparation RewardPool runs before the calls
+        timed.prefetch = _timed_prefetch(fn.prefetch, jobs, lock)
+
+
+def _timed_prefetch(prefetch, jobs: list, lock):
+    """`prefetch`, its preparation time and each task's wall time appended to `jobs` as
+    ("prepare", s) and ("job", s)."""
+    def run(completions, examples, **options):
+        t0 = time.perf_counter()
+        tasks = prefetch(completions, examples, **options)
+        with lock:
+            jobs.append(("prepare", time.perf_counter() - t0))
+        return [functools.partial(_timed_task, task, jobs, lock) for task in tasks]
+
+    return run
+
+
+def _timed_task(task, jobs: list, lock) -> None:
+    t0 = time.perf_counter()
+    try:
+        task()
+    finally:
+        with lock:
+            jobs.append(("job", time.perf_counter() - t0))
 
 
 def _print(import_s, modes, rows, ratios, args, clean, hostile) -> None:
@@ -354,6 +400,11 @@ def _print(import_s, modes, rows, ratios, args, clean, hostile) -> None:
               f"{r['cached_answers_per_s']:.0f} | {r['cached_p99_ms']:.1f} | "
               f"{r['mislabelled']} + {r['adversarial_mislabelled']} "
               f"| {r['adversarial_batch_s']:.2f} |")
+    for r in rows:
+        if r["prefetch_jobs"]:
+            print(f"{r['verifier']} {r['isolation']} W={r['workers']} cold batch: "
+                  f"{r['prefetch_jobs']:.0f} prefetch jobs (p99 {r['prefetch_job_p99_ms']:.0f} "
+                  f"ms), preparation {r['prefetch_prepare_ms']:.0f} ms before the calls")
     for q in ratios:
         print(f"current / {q['vs']} ({q['isolation']}, W={q['workers']}): answers/s cold "
               f"x{q['answers_per_s']:.2f}, p99 x{q['p99']:.2f}, answers/s cached "

@@ -1,4 +1,5 @@
-"""Sympy comparisons in worker processes, so a hang can be ended by killing the process.
+"""Sympy comparisons in worker processes, so a hang can be ended by killing the process
+(the parent side; the workers' own program is `_sympy_child`).
 
 Sympy can spin for minutes inside one C-level big-integer operation while holding the GIL
 (`9**9**9**9`), and a thread cannot be interrupted, so every sympy call of the reward code
@@ -7,42 +8,27 @@ killed by its worker; a worker that does not answer within a short grace after t
 is killed itself, and a replacement starts at once in the background. The client is safe to
 use from many threads.
 
-Each worker is a zygote: it imports sympy, warms it up and announces `{"ready": true}`, then
-serves one request per line, `{"id": int, "a": str, "b": str, "mode": str, "atol": float,
-"t": float, "o": dict | null}`. It forks a job per request; the job parses both sides into
-sympy objects (mode "mv": math-verify's LaTeX grammar, hardened by `_latex_verify.harden`
-in the zygote, or `_sympy_tree`; other modes: `_sympy_tree` only; nothing is evaluated as
-code), compares them and writes one byte into a pipe made for that job only; the zygote
-answers `{"id": id, "r": true | false | "c" | null}` ("c": mode "mv", only math-verify's
-own extraction from the completion matched; null: the job overran `t` and was killed),
-then kills and reaps the job before it reads the next request. The parent accepts exactly one line with the
-request's id; anything else (silence past the deadline, garbage, an extra line) kills and
+Each worker is a zygote (`_sympy_child.main`): it imports sympy and math-verify, warms them
+up, hardens them and announces `{"ready": true}`, then serves one request per line, forking
+a job per request that writes its verdict into a pipe made for that job only (the protocol
+and how a job decides: `_sympy_child`). A request is one comparison (`compare`) or a batch
+of comparisons judged one after another in one job (`compare_many`, which fills the cache
+for the calls that follow, e.g. a reward batch's answers before their `correctness` calls).
+The parent accepts exactly one line with the request's id (and, for a batch, one verdict per
+comparison); anything else (silence past the deadline, garbage, an extra line) kills and
 replaces the worker, so one job's output can never reach another job's verdict. With
 isolation (the default where `isolation.available()`), the zygote runs under bubblewrap as
 an unprivileged uid with no capabilities, no network, its own pid namespace and a
-read-only view of the Python installation and these three files only.
+read-only view of the Python installation and the three program files only.
 
 Modes: "mv" (`a` is a prediction, `b` a gold answer, both answer text; the verdict is
-`_latex_verify.verdict` with the options `o`), "expr" (equal values; a matrix equals a
-matrix of the same shape entrywise), "eq"
-(`a` and `b` are `lhs - (rhs)` of two equations: equal up to a nonzero constant factor),
-"rel" (same for two inequalities, the factor must be positive). `atol` is an extra absolute
-tolerance for constant expressions (the half-unit of a decimal literal). This file is also
-the zygote's program (`python -c <bootstrap> <this file>`); it imports nothing from the
-package.
-
-How the child decides: parse both sides; constants compare exactly when their difference is
-a rational number, else numerically at 30 digits (relative 1e-12, plus `atol`); expressions
-with free symbols are evaluated at a few random positive rational points (agreement at all
-valid points means equal, so `sqrt(x^2)` counts as `x`), and `simplify` is only the fallback
-when no point gives finite values.
+`_latex_verify.verdict` with the options `o`), "expr", "eq", "rel" (`_sympy_tree` only;
+see `_sympy_child`).
 """
 from __future__ import annotations
 
 import atexit
-import cmath
 import collections
-import gc
 import json
 import os
 import select
@@ -61,280 +47,38 @@ _MAX_WORKERS = min(4, (os.cpu_count() or 1) + 2)
 _MEMORY_BYTES = 4 * 2**30  # address space of a worker and of each of its jobs
 _CACHE_SIZE = 1 << 16  # verdicts remembered by the parent (see `SympyPool.compare`)
 _REPLY_GRACE_S = 0.5  # the zygote ends a job at its deadline; past this grace it is killed
-# Run this file by path without putting its directory (which holds `math.py`) on sys.path.
+_PROGRAM = ("_sympy_child.py", "_sympy_tree.py", "_latex_verify.py")  # the worker's files
+# Run the child program by path without putting its directory (which holds `math.py`) on
+# sys.path.
 _BOOTSTRAP = (
     "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
     "runpy.run_path(sys.argv[1], run_name='__jaxrl_sympy_worker__')"
 )
 
 
-# ----------------------------------------------------------------------------- child side
-
-_REL_TOL = 1e-12
-_CHILD: dict = {}
-
-
-def _child_parse(text: str):
-    """The sympy object of one expression string, built from a syntax tree by `_sympy_tree`
-    (loaded by path next to this file); no string is ever evaluated."""
-    return _CHILD["tree"].build(text)
-
-
-def _child_compare(a: str, b: str, mode: str = "expr", atol: float = 0.0,
-                   options: dict | None = None) -> bool | str:
-    """The verdict of one request (see the module docstring); mode "mv" gives
-    `_latex_verify.verdict`'s "pred" / "completion" / ""."""
-    from sympy.matrices import MatrixBase
-
-    if mode == "mv":
-        return _CHILD["mv"].verdict(a, b, dict(options or {}), _CHILD["tree"])
-
-    ea, eb = _child_parse(a), _child_parse(b)
-    ma, mb = isinstance(ea, MatrixBase), isinstance(eb, MatrixBase)
-    if ma or mb:
-        if mode != "expr" or not (ma and mb) or ea.shape != eb.shape:
-            return False
-        return all(_scalar_equal(x, y, 0.0) for x, y in zip(ea, eb))
-    if mode == "expr":
-        return _scalar_equal(ea, eb, atol)
-    return _proportional(ea, eb, positive=mode == "rel")
-
-
-def _points(symbols: list, count: int = 6):
-    """Random positive rational assignments of `symbols` (fixed seed)."""
-    import random
-
-    import sympy
-
-    rng = random.Random(0)
-    for _ in range(count):
-        yield {s: sympy.Rational(rng.randint(1, 97), rng.randint(1, 13)) for s in symbols}
-
-
-def _value(expr, point) -> complex | None:
-    """`expr` at `point` as a finite complex number, else None."""
-    try:
-        value = complex(expr.evalf(30, subs=point) if point else expr.evalf(30))
-    except (TypeError, ValueError, ZeroDivisionError, OverflowError, AttributeError):
-        return None
-    return value if cmath.isfinite(value) else None
-
-
-def _scalar_equal(ea, eb, atol: float) -> bool:
-    import sympy
-
-    if not isinstance(ea, sympy.Expr) or not isinstance(eb, sympy.Expr):
-        return bool(ea == eb)
-    if ea == eb:
-        return True
-    symbols = sorted(ea.free_symbols | eb.free_symbols, key=str)
-    if not symbols:
-        if any(e.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) for e in (ea, eb)):
-            return False
-        diff = ea - eb
-        if diff == 0:
-            return True
-        if diff.is_Rational and not atol:
-            return False
-        va, vb = _value(ea, None), _value(eb, None)
-        return va is not None and vb is not None and _close(va, vb, atol)
-    valid = 0
-    for point in _points(symbols):
-        va, vb = _value(ea, point), _value(eb, point)
-        if va is None or vb is None:
-            continue
-        if not _close(va, vb, 0.0):
-            return False
-        valid += 1
-    return valid >= 2 or bool(sympy.simplify(ea - eb) == 0)
-
-
-def _proportional(ea, eb, positive: bool) -> bool:
-    """Whether `ea = c * eb` for a constant c != 0 (c > 0 with `positive`)."""
-    import sympy
-
-    symbols = sorted(ea.free_symbols | eb.free_symbols, key=str)
-    ratios = []
-    for point in _points(symbols) if symbols else [None]:
-        va, vb = _value(ea, point), _value(eb, point)
-        if va is None or vb is None:
-            continue
-        if abs(vb) < 1e-25 or abs(va) < 1e-25:
-            if abs(vb) < 1e-25 and abs(va) < 1e-25:
-                continue
-            return False
-        ratios.append(va / vb)
-    if not ratios:
-        both_zero = sympy.simplify(ea) == 0 and sympy.simplify(eb) == 0
-        return bool(both_zero and not positive)
-    r0 = ratios[0]
-    if positive and not (abs(r0.imag) <= 1e-12 * abs(r0) and r0.real > 0):
-        return False
-    return all(_close(r, r0, 0.0) for r in ratios)
-
-
-def _close(va: complex, vb: complex, atol: float) -> bool:
-    """Finite and equal to about twelve significant digits, or within `atol`."""
-    if not (cmath.isfinite(va) and cmath.isfinite(vb)):
-        return False
-    return abs(va - vb) <= atol + _REL_TOL * max(abs(va), abs(vb)) + 1e-20
-
-
-# Comparisons run once in the zygote before it announces readiness, so that the lazy imports
-# and caches they fill are paid once rather than in every forked job.
-_WARM = ["2 x + 1", "sqrt(2)/2", "sin(pi/3) + cos(x)", "Matrix([[1, 2], [3, 4]])",
-         "log(8)/log(2)", "(n + 1)!", "binomial(5, 2)", "floor(x) + Abs(y)", "1.5", "x_1 y",
-         "E**(I pi)", "atan(1) + exp(2)"]
-
-
-def _load(name: str):
-    """Module `name` (`_sympy_tree`, `_latex_verify`) loaded by path from this file's
-    directory (no package import)."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
-    spec = importlib.util.spec_from_file_location("_jaxrl" + name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _undumpable() -> None:
-    """PR_SET_DUMPABLE 0: the forked jobs (same uid) cannot ptrace this process or open its
-    file descriptors through /proc, so they cannot write to the verdict stream."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _job(req: dict) -> tuple[bool | None, int]:
-    """Run one comparison in a forked process and read its verdict from a fresh pipe.
-
-    The job process holds only the write end of its own pipe (stdin/stdout/stderr are
-    /dev/null, every other descriptor closed), so it cannot reach the verdict stream or any
-    other job. Returns (True/False, "c" when only the completion matched (mode "mv"), or
-    None at the request's time limit `t`; the job's pid).
-    The job may still be running or exiting: the caller ends it with `_end_job` before the
-    next request (after sending the reply, so the reply does not wait for the teardown).
-    """
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the job: parse and compare untrusted text, answer one byte, exit
-        verdict = b"F"
-        try:
-            os.close(r)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.closerange(3, w)
-            os.closerange(w + 1, 4096)
-            os.setpgid(0, 0)
-            gc.disable()  # the job is short-lived: no collection touching inherited pages
-            found = _child_compare(str(req["a"]), str(req["b"]), str(req["mode"]),
-                                   float(req["atol"]), req.get("o"))
-            verdict = b"C" if found == "completion" else b"T" if found else b"F"
-        except BaseException:  # any parse/simplify failure means "not shown equal"
-            pass
-        try:
-            os.write(w, verdict)
-            os.close(w)  # end of file now, not after the address space is torn down
-        finally:
-            os._exit(0)
-    os.close(w)
-    deadline, data = time.monotonic() + max(0.0, float(req["t"])), b""
-    try:
-        while len(data) < 2:
-            readable, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(r, 2) if readable else b""
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(r)
-    return {b"T": True, b"F": False, b"C": "c"}.get(data), pid
-
-
-def _end_job(pid: int, own_pid_ns: bool) -> None:
-    """Kill and reap job `pid` and, in its own pid namespace, every other process but this
-    one (strays a job may have left; pid 1, bwrap's init, is exempt)."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, 9)
-        except OSError:
-            pass
-    os.waitpid(pid, 0)
-    if own_pid_ns:
-        try:
-            os.kill(-1, 9)
-        except OSError:
-            pass
-        _reap()
-
-
-def _reap() -> None:
-    """Collect exited children without blocking."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-
-
-def _child_main() -> None:
-    """The zygote: serve requests `{"id", "a", "b", "mode", "atol", "t"}` from stdin until
-    EOF, each in a forked job, answering `{"id": id, "r": true | false | "c" | null}`."""
-    _CHILD["tree"] = _load("_sympy_tree")
-    _CHILD["mv"] = _load("_latex_verify")
-    _CHILD["mv"].two_stage_parsing()
-    for text in _WARM:
-        for mode in ("expr", "eq"):
-            try:
-                _child_compare(text, text, mode, 0.0)
-            except Exception:
-                pass
-    warm_options = {"targets": ["latex", "expr", "string"]}
-    for i, (a, b) in enumerate(_CHILD["mv"].WARM):
-        completion = f"The answer is ${a}$." if i < 4 else None
-        try:
-            _child_compare(a, b, "mv", 0.0, {**warm_options, "completion": completion})
-        except Exception:
-            pass
-    _CHILD["mv"].harden()  # after the constant warm-up, before any untrusted text
-    own_pid_ns = "--own-pid-ns" in sys.argv[1:]
-    _undumpable()
-    gc.collect()
-    gc.freeze()  # forked jobs neither scan nor copy the warmed-up heap
-    out = sys.stdout
-    out.write('{"ready": true}\n')
-    out.flush()
-    for line in sys.stdin:
-        req = json.loads(line)
-        result, pid = _job(req)
-        try:
-            out.write(json.dumps({"id": int(req["id"]), "r": result}) + "\n")
-            out.flush()
-        finally:
-            _end_job(pid, own_pid_ns)  # before the next request is read
-
-
-if __name__ == "__jaxrl_sympy_worker__":
-    _child_main()
-
-
 # ---------------------------------------------------------------------------- parent side
 
 
-def _reply(line: bytes | None, job: int) -> dict | None:
-    """The zygote's reply to request `job` if `line` is exactly that, else None."""
+def _valid(verdict, batch: bool) -> bool:
+    """Whether `verdict` is one a job can give: True, False, None, "c" (and "u" in a
+    batch, a comparison the job did not decide)."""
+    return any(verdict is v for v in (True, False, None)) or verdict == "c" or \
+        (batch and verdict == "u")
+
+
+def _reply(line: bytes | None, job: int, count: int | None = None) -> dict | None:
+    """The zygote's reply to request `job` if `line` is exactly that, else None: one
+    verdict, or with `count` (a batch request) a list of exactly `count` verdicts."""
     try:
         reply = json.loads(line) if line is not None else None
     except ValueError:
         return None
-    if not isinstance(reply, dict) or set(reply) != {"id", "r"} or reply["id"] != job or \
-            not (any(reply["r"] is v for v in (True, False, None)) or reply["r"] == "c"):
+    if not isinstance(reply, dict) or set(reply) != {"id", "r"} or reply["id"] != job:
+        return None
+    r = reply["r"]
+    if count is None:
+        return reply if _valid(r, False) else None
+    if not isinstance(r, list) or len(r) != count or not all(_valid(v, True) for v in r):
         return None
     return reply
 
@@ -344,8 +88,7 @@ class _Worker:
 
     def __init__(self, isolate: bool) -> None:
         here = os.path.dirname(os.path.abspath(__file__))
-        files = [os.path.join(here, name)
-                 for name in ("_sympy_worker.py", "_sympy_tree.py", "_latex_verify.py")]
+        files = [os.path.join(here, name) for name in _PROGRAM]
         argv = [sys.executable, "-I", "-c", _BOOTSTRAP, files[0]]
         env, seccomp = None, None
         if isolate:
@@ -447,6 +190,10 @@ class SympyPool:
         self._closed = False
         self._served = False  # whether any worker has been ready yet
         self._verdicts: collections.OrderedDict = collections.OrderedDict()
+        # Requests a batch job is deciding: key -> (event set when it ends, its deadline).
+        self._inflight: dict[tuple, tuple[threading.Event, float]] = {}
+        # Requests that overran their time in a batch job: the next call returns None once.
+        self._timed_out: collections.OrderedDict = collections.OrderedDict()
 
     def compare(
         self, a: str, b: str, mode: str = "expr", atol: float = 0.0, timeout_s: float = 5.0,
@@ -460,31 +207,110 @@ class SympyPool:
         `_CACHE_SIZE` requests (the jobs' own sympy caches die with them). A mode "mv"
         request with a completion also records the verdict on the answer alone (the job
         tells which of the two matched): an answer known equal needs no job, one known
-        different is not parsed again (`pred_different`).
+        different is not parsed again (`pred_different`). A request that a `compare_many`
+        job is deciding is waited for (until that job's deadline) rather than run twice;
+        one that overran its time there returns None once.
         """
+        request = (a, b, mode, float(atol), options)
+        state = self._lookup(request)
+        if state["event"] is not None:
+            state["event"].wait(max(0.0, state["until"] - time.monotonic()))
+            state = self._lookup(request)
+        if state["done"]:
+            return state["verdict"]
+        verdict = self._compare(a, b, mode, atol, timeout_s, state["options"])
+        self._remember(state, verdict)
+        return None if verdict is None else bool(verdict)
+
+    def compare_many(self, requests: list[tuple], timeout_s: float = 5.0) -> list:
+        """Decide several requests `(a, b, mode, atol, options)` in one worker job, one after
+        another, each allowed `timeout_s` seconds (a job per comparison costs a fork and
+        cold caches; this is what a reward batch uses before its per-answer calls).
+
+        Requests already cached or being decided elsewhere are skipped. The verdicts go to
+        the cache `compare` reads (a request that overran its time: a None for the next
+        `compare` of it). Returns one entry per request: True/False, None (overran its
+        time), or "u": not decided here (skipped, or the job stopped before it: a timeout of
+        an earlier comparison, a resource error, a crash, a broken reply); `compare` runs
+        those singly, so a slow answer cannot time out the others of its job.
+        """
+        states, todo, out = [], [], ["u"] * len(requests)
+        until = time.monotonic() + len(requests) * timeout_s + _REPLY_GRACE_S
+        with self._lock:
+            for i, request in enumerate(requests):
+                state = self._lookup(request, locked=True, consume=False)
+                if state["done"] or state["event"] is not None:
+                    continue
+                self._inflight[state["key"]] = (threading.Event(), until)
+                states.append(state)
+                todo.append(i)
+        if not todo:
+            return out
+        verdicts = ["u"] * len(todo)
+        try:
+            items = [{"a": requests[i][0], "b": requests[i][1], "mode": requests[i][2],
+                      "atol": float(requests[i][3]), "o": st["options"]}
+                     for i, st in zip(todo, states)]
+            verdicts = self._request({"batch": items}, timeout_s, len(items)) or verdicts
+        finally:
+            for i, state, verdict in zip(todo, states, verdicts):
+                out[i] = verdict if verdict == "u" else None if verdict is None \
+                    else bool(verdict)
+                if verdict is None:
+                    with self._lock:
+                        self._timed_out[state["key"]] = True
+                        while len(self._timed_out) > _CACHE_SIZE:
+                            self._timed_out.popitem(last=False)
+                elif verdict != "u":
+                    self._remember(state, verdict)
+                with self._lock:
+                    event, _ = self._inflight.pop(state["key"])
+                event.set()
+        return out
+
+    def _lookup(self, request: tuple, locked: bool = False, consume: bool = True) -> dict:
+        """What the pool knows of `request` (a, b, mode, atol, options): "key", "pair" (the
+        key of the answer alone, mode "mv" with a completion), "done" and "verdict" (a
+        cached verdict, or a None left by a batch timeout, consumed here unless `consume`
+        is False), "event" and
+        "until" (a batch job deciding it), "options" (with `pred_different` when the answer
+        alone is known different), "known_different"."""
+        if not locked:
+            with self._lock:
+                return self._lookup(request, locked=True, consume=consume)
+        a, b, mode, atol, options = request
         key = self._key(a, b, mode, atol, options)
         pair = None
         if mode == "mv" and options and options.get("completion") is not None:
             pair = self._key(a, b, mode, atol, {**options, "completion": None})
-        with self._lock:
-            for k in (key, pair):
-                if k in self._verdicts:
-                    self._verdicts.move_to_end(k)
-                    if k == key or self._verdicts[k]:
-                        return self._verdicts[k]
-            known_different = pair in self._verdicts
-        if known_different:
-            options = {**options, "pred_different": True}
-        verdict = self._compare(a, b, mode, atol, timeout_s, options)
+        state = {"key": key, "pair": pair, "done": False, "verdict": None, "event": None,
+                 "until": 0.0, "options": options, "known_different": False}
+        for k in (key, pair):
+            if k in self._verdicts:
+                self._verdicts.move_to_end(k)
+                if k == key or self._verdicts[k]:
+                    state.update(done=True, verdict=self._verdicts[k])
+                    return state
+        if (self._timed_out.pop if consume else self._timed_out.get)(key, None):
+            state["done"] = True
+            return state
+        if key in self._inflight:
+            state["event"], state["until"] = self._inflight[key]
+        if pair in self._verdicts:
+            state["known_different"] = True
+            state["options"] = {**options, "pred_different": True}
+        return state
+
+    def _remember(self, state: dict, verdict) -> None:
+        """Cache a decided verdict (True/False/"c") of the request `_lookup` described."""
         if verdict is None:
-            return None
+            return
         with self._lock:
-            self._verdicts[key] = bool(verdict)
-            if pair is not None and not known_different:
-                self._verdicts[pair] = verdict is True
+            self._verdicts[state["key"]] = bool(verdict)
+            if state["pair"] is not None and not state["known_different"]:
+                self._verdicts[state["pair"]] = verdict is True
             while len(self._verdicts) > _CACHE_SIZE:
                 self._verdicts.popitem(last=False)
-        return bool(verdict)
 
     @staticmethod
     def _key(a: str, b: str, mode: str, atol: float, options: dict | None) -> tuple:
@@ -492,10 +318,18 @@ class SympyPool:
         return (a, b, mode, float(atol), json.dumps(options, sort_keys=True))
 
     def _compare(self, a: str, b: str, mode: str, atol: float, timeout_s: float,
-                 options: dict | None = None) -> bool | None:
+                 options: dict | None = None) -> bool | str | None:
         """One request to a worker (no cache)."""
-        deadline = time.monotonic() + timeout_s
-        if not self._slots.acquire(timeout=max(0.0, timeout_s)):
+        return self._request({"a": a, "b": b, "mode": mode, "atol": float(atol),
+                              "o": options}, timeout_s)
+
+    def _request(self, body: dict, timeout_s: float, count: int | None = None):
+        """Send `body` (a comparison, or with `count` a batch of `count`, each allowed
+        `timeout_s`) to a worker and return the reply's verdict(s), or None when no valid
+        reply came in time (the worker is then killed and replaced)."""
+        total = timeout_s * (count or 1)
+        deadline = time.monotonic() + total
+        if not self._slots.acquire(timeout=max(0.0, total)):
             return None
         worker, first_start, started = None, not self._served, time.monotonic()
         try:
@@ -506,12 +340,12 @@ class SympyPool:
                 deadline += time.monotonic() - started
             worker.jobs += 1
             job = worker.jobs
-            request = {"id": job, "a": a, "b": b, "mode": mode, "atol": float(atol),
-                       "t": max(0.0, deadline - time.monotonic()), "o": options}
+            left = max(0.0, deadline - time.monotonic())
+            request = {"id": job, **body, "t": left if count is None else timeout_s}
             worker.proc.stdin.write((json.dumps(request) + "\n").encode())
             worker.proc.stdin.flush()
             line = worker.read_line(deadline + _REPLY_GRACE_S)
-            reply = _reply(line, job)
+            reply = _reply(line, job, count)
             if reply is None or worker.pending():  # silent, garbled, or more than one line
                 self._discard(worker, replace=True)
                 worker = None

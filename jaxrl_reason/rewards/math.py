@@ -18,7 +18,11 @@ Which layer decides what (`is_equivalent`, cheapest first):
    `_latex_verify`), killed at the deadline; its own signal timeouts are off. Plain
    expressions (`sqrt(2)/2`, `x**2`) are parsed by our `_sympy_tree`, never by
    math-verify's `parse_expr` path, and bare answers without `$` (`\tfrac83`, `4, 12, 2`)
-   are wrapped before the library sees them.
+   are wrapped before the library sees them. In a `RewardPool`, `correctness_prefetch`
+   first runs layers 1-2 on the whole batch and sends what is left to a few worker jobs of
+   many comparisons each (sorted by gold, so each job parses a gold answer once); the
+   per-answer calls then find their verdicts (see docs/security.md for what a hostile
+   answer can do to the other comparisons of its job).
 
 Conventions:
   * Plain numbers compare exactly. A decimal literal with at least 6 significant digits
@@ -41,8 +45,11 @@ equivalent".
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -291,6 +298,18 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
              completion: str | None = None) -> Verdict:
     """`is_equivalent` with the timeout case kept apart from "different"; `completion`: see
     `_library` (with it, a "different" from the number and word rules is not final)."""
+    deadline = time.monotonic() + max(0.0, float(timeout_s))
+    decided = _parent_verdict(pred, gold, options, completion)
+    if isinstance(decided, str):
+        return decided
+    return _library(*decided, deadline)
+
+
+def _parent_verdict(pred: Any, gold: Any, options: dict | None = None,
+                    completion: str | None = None) -> Verdict | tuple:
+    """The verdict of the parent's own layers (1-2 of the module docstring), or, when only
+    math-verify can decide, the worker request `(pred, gold, options, completion)` for
+    `_library` (folded answer texts)."""
     try:
         if not isinstance(pred, str) or not isinstance(gold, str):
             return "different"
@@ -303,7 +322,6 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
             return "equal" if int(p) == int(g) else "different"
         if len(p) > _MAX_INPUT_CHARS or len(g) > _MAX_INPUT_CHARS:
             return "different"
-        deadline = time.monotonic() + max(0.0, float(timeout_s))
         p, g = _fold(p), _fold(g)
         (a, a_pct), (b, b_pct) = latex.normalize(p), latex.normalize(g)
         if a and a == b:
@@ -313,7 +331,7 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
             return verdict
         if _oversized(p) or _oversized(g):  # not expanded: "different", as before
             return "different"
-        return _library(p, g, options or _DEFAULTS_CHECKED, deadline, completion)
+        return (p, g, options or _DEFAULTS_CHECKED, completion)
     except Exception:
         return "different"
 
@@ -383,22 +401,53 @@ def _compare_words(a: str, b: str) -> Verdict | None:
 
 
 
-def _library(pred: str, gold: str, options: dict, deadline: float,
-             completion: str | None = None) -> Verdict:
+def _library(pred: str, gold: str, options: dict, completion: str | None,
+             deadline: float) -> Verdict:
     """math-verify's verdict on the folded answer texts, in a worker job (`_latex_verify`),
     within the deadline; with `completion` (the text `pred` came from), math-verify's own
     extraction from it is tried too."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return "timeout"
-    request = {**options, "targets": list(options["targets"]), "completion": completion}
-    result = get_pool().compare(pred, gold, "mv", 0.0, remaining, request)
+    a, b, mode, atol, request = _worker_request(pred, gold, options, completion)
+    result = get_pool().compare(a, b, mode, atol, remaining, request)
     if result is None:
         return "timeout"
     return "equal" if result else "different"
 
 
+def _worker_request(pred: str, gold: str, options: dict, completion: str | None) -> tuple:
+    """The `SympyPool` request `(a, b, mode, atol, options)` of a math-verify comparison."""
+    return (pred, gold, "mv", 0.0,
+            {**options, "targets": list(options["targets"]), "completion": completion})
+
+
 # ----------------------------------------------------------------------------------- reward
+
+
+def _options_key(opts: dict) -> tuple:
+    """A hashable form of checked verifier options."""
+    return tuple(sorted(opts.items()))
+
+
+def _prepare(completion: str, gold: str, opts: dict) -> Verdict | tuple | None:
+    """The parent-side part of `correctness`: None (no answer), a final verdict, or the
+    worker request for `_library` (see `_parent_verdict`)."""
+    pred = extract_answer(completion)
+    if pred is None:
+        return None
+    final = _final_part(completion)
+    return _parent_verdict(pred, gold, opts, None if _read_alike(final, pred) else final)
+
+
+# Parent-side results of the batch `correctness_prefetch` last prepared, (completion, gold,
+# options) -> `_prepare`'s result, taken by the `correctness` calls that follow.
+_PREPARED: dict = {}
+_PREPARED_LOCK = threading.Lock()
+_MISSING = object()
+# Comparisons per batch job: more share more of a fork's cost and caches; fewer leave
+# more jobs for the threads to run side by side.
+_BATCH_JOB_SIZE = 64
 
 
 @register_reward("correctness")
@@ -416,18 +465,60 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     is invalid. A completion without `\\boxed{}` or an answer tag also goes to
     math-verify's own extraction in the same job, so an answer that our extraction and the
     library read differently counts when either matches (a box or tag is read alike by
-    both, and skipping the second parse keeps the verdict fast).
+    both, and skipping the second parse keeps the verdict fast). In a `RewardPool`, the
+    batch is first prepared by `correctness_prefetch` (the `prefetch` attribute).
     """
     opts = verifier_options(float_rounding=float_rounding, numeric_precision=numeric_precision,
                             strict=strict, targets=tuple(targets), set_relation=set_relation)
     if "answer" not in example:
         raise ValueError(f"correctness: example has no 'answer' key (keys: {sorted(example)})")
-    pred = extract_answer(completion)
-    if pred is None:
+    gold = str(example["answer"])
+    deadline = time.monotonic() + CORRECTNESS_TIMEOUT_S
+    key = (completion, gold, _options_key(opts))
+    with _PREPARED_LOCK:
+        prepared = _PREPARED.pop(key, _MISSING)
+    if prepared is _MISSING:  # not prepared by a batch prefetch
+        prepared = _prepare(completion, gold, opts)
+    if prepared is None:
         return RewardResult(0.0, "no_answer")
-    final = _final_part(completion)
-    verdict = _verdict(pred, str(example["answer"]), CORRECTNESS_TIMEOUT_S, opts,
-                       None if _read_alike(final, pred) else final)
+    verdict = prepared if isinstance(prepared, str) else _library(*prepared, deadline)
     if verdict == "equal":
         return RewardResult(1.0)
     return RewardResult(0.0, "wrong" if verdict == "different" else "timeout")
+
+
+def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[str, Any]],
+                         workers: int = 1, **options: Any) -> list:
+    """Prepare a batch of `correctness` calls (N completions, N examples, the reward's
+    keyword options): extract and decide in the parent what it can, and return tasks
+    (callables without arguments) that decide the rest in worker jobs of up to
+    `_BATCH_JOB_SIZE` comparisons each (`SympyPool.compare_many`; at least `workers` jobs
+    when there are that many comparisons), sorted by gold answer so a job parses each gold
+    once. `RewardPool` runs the tasks on its threads before the per-answer calls, which
+    then find their results (a comparison a job did not decide is run singly by its call).
+    Examples without an "answer" are left to the call (which raises)."""
+    opts = verifier_options(**options)
+    okey = _options_key(opts)
+    prepared, requests = {}, {}
+    for completion, example in zip(completions, examples):
+        if not isinstance(completion, str) or "answer" not in example:
+            continue
+        gold = str(example["answer"])
+        result = _prepare(completion, gold, opts)
+        prepared[(completion, gold, okey)] = result
+        if isinstance(result, tuple):
+            request = _worker_request(*result)
+            requests[(request[0], request[1], json.dumps(request[4], sort_keys=True))] = request
+    with _PREPARED_LOCK:
+        _PREPARED.clear()
+        _PREPARED.update(prepared)
+    ordered = sorted(requests.values(), key=lambda r: (r[1], r[0]))
+    if not ordered:
+        return []
+    jobs = max(min(max(1, workers), len(ordered)), -(-len(ordered) // _BATCH_JOB_SIZE))
+    size = -(-len(ordered) // jobs)
+    return [functools.partial(get_pool().compare_many, ordered[k:k + size],
+                              CORRECTNESS_TIMEOUT_S) for k in range(0, len(ordered), size)]
+
+
+correctness.prefetch = correctness_prefetch

@@ -12,6 +12,12 @@ exception"), one returning NaN/inf scores 0 ("<name>/nonfinite"), and every call
 running `timeout_s` after the batch started scores 0 ("<name>/timeout") while the batch
 returns. Python threads cannot be killed, so a thread stuck in such a call is abandoned and
 replaced by a fresh one; it exits on its own if the call ever returns.
+
+A per-completion reward may prepare a whole batch: when it has a `prefetch` attribute
+(`prefetch(completions, examples, workers=W, **options)` returning callables), the
+coordinator calls it once per batch and the threads run the callables it returns before
+the per-completion calls (`correctness` sends its sympy comparisons to a few worker jobs
+this way). A prefetch or task that fails only loses its speed-up.
 """
 from __future__ import annotations
 
@@ -187,8 +193,15 @@ class _Batch:
         self.done = threading.Event()
         self.expired = False
         self.context: tuple | None = None  # batch-reward inputs (see `_batch_inputs`)
+        self.tasks: list = []  # prefetch tasks, run before the items (see `_prefetch`)
+        self._task_counter = itertools.count()
         if self.size == 0:
             self.done.set()
+
+    def claim_task(self):
+        """The next unclaimed prefetch task, or None when none is left or the batch expired."""
+        index = next(self._task_counter)
+        return None if index >= len(self.tasks) or self.expired else self.tasks[index]
 
     def claim(self) -> int | None:
         """The next unclaimed work index, or None when none is left or the batch expired."""
@@ -212,6 +225,34 @@ class _Batch:
         """Stop accepting results; unfinished work keeps its "timeout" reason and score 0."""
         with self._lock:
             self.expired = True
+
+
+def _prefetch(fns: list[tuple[str, RewardFunction]], completions: list[str],
+              examples: list[Mapping[str, Any]], workers: int) -> list:
+    """The prefetch tasks of a batch: for each per-completion reward with a `prefetch`
+    attribute (`prefetch(completions, examples, workers=W, **options)` returning callables,
+    e.g. `math.correctness_prefetch`), what it returns for this batch, its bound options
+    passed on. A prefetch that raises is logged and skipped (its calls then do all the
+    work themselves)."""
+    tasks: list = []
+    for name, fn in fns:
+        prefetch = getattr(fn, "prefetch", None)
+        if not callable(prefetch):
+            continue
+        options = fn.keywords if isinstance(fn, functools.partial) else {}
+        try:
+            tasks += list(prefetch(completions, examples, workers=workers, **options))
+        except Exception as exc:
+            _log.warning("prefetch of reward %r failed: %r", name, exc)
+    return tasks
+
+
+def _run_task(task) -> None:
+    """Run one prefetch task; a failure only costs its speed-up (logged)."""
+    try:
+        task()
+    except Exception as exc:
+        _log.debug("reward prefetch task failed: %r", exc, exc_info=True)
 
 
 class _WorkerState:
@@ -374,6 +415,10 @@ class RewardPool:
             if batch is None:
                 return
             state.current = batch
+            while (task := batch.claim_task()) is not None:
+                _run_task(task)
+                if state.retired:
+                    return
             while (index := batch.claim()) is not None:
                 score, reason = batch.run(index)
                 batch.record(index, score, reason)
@@ -387,9 +432,11 @@ class RewardPool:
             if not future.set_running_or_notify_cancel():
                 continue
             start = time.perf_counter()
+            batch.tasks = _prefetch(batch.fns, batch.completions, batch.examples,
+                                    self.num_workers)
             for _ in range(self.num_workers):
                 self._jobs.put(batch)
-            if not batch.done.wait(self.timeout_s):
+            if not batch.done.wait(max(0.0, self.timeout_s - (time.perf_counter() - start))):
                 batch.expire()
                 self._replace_stuck(batch)
             try:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jaxrl_reason.rewards import _sympy_tree, _sympy_worker, isolation
+from jaxrl_reason.rewards import _sympy_child, _sympy_tree, _sympy_worker, isolation
 from jaxrl_reason.rewards._sympy_worker import SympyPool
 from jaxrl_reason.rewards.math import is_equivalent
 
@@ -80,10 +80,10 @@ def test_a_job_cannot_write_the_verdict_stream(monkeypatch, capfd):
                 pass
         return False
 
-    monkeypatch.setattr(_sympy_worker, "_child_compare", forge)
-    result, pid = _sympy_worker._job({"a": "1", "b": "2", "mode": "expr", "atol": 0.0,
+    monkeypatch.setattr(_sympy_child, "compare", forge)
+    result, pid = _sympy_child.run_job({"a": "1", "b": "2", "mode": "expr", "atol": 0.0,
                                       "t": 5.0})
-    _sympy_worker._end_job(pid, own_pid_ns=False)
+    _sympy_child.end_job(pid, own_pid_ns=False)
     assert result is not True  # its pipe held garbage: no verdict
     assert "true" not in capfd.readouterr().out
 
@@ -176,11 +176,11 @@ def _state(pid: int) -> str:
 # What the zygote runs before serving: load, warm up on constants, harden; then the checks.
 _HARDENED = """
 import sys
-from jaxrl_reason.rewards import _sympy_worker as w
-w._CHILD["tree"] = w._load("_sympy_tree")
-mv = w._CHILD["mv"] = w._load("_latex_verify")
+from jaxrl_reason.rewards import _sympy_child as w
+w.STATE["tree"] = w.load("_sympy_tree")
+mv = w.STATE["mv"] = w.load("_latex_verify")
 for a, b in mv.WARM:
-    w._child_compare(a, b, "mv", 0.0, {"targets": ["latex", "expr", "string"]})
+    w.compare(a, b, "mv", 0.0, {"targets": ["latex", "expr", "string"]})
 mv.harden()
 import sympy, math_verify.parser, latex2sympy2_extended.sets, latex2sympy2_extended.logic
 from sympy.core.sympify import _sympify
@@ -257,5 +257,96 @@ def test_library_runs_inside_the_deadline():
         assert pool.compare(slow, "1", "mv", 0.0, 0.5, {"targets": ["latex"]}) is None
         assert time.monotonic() - start < 2.5
         assert pool.compare("\\frac{1}{2}", "0.5", "mv", 0.0, 20.0, {}) is True
+    finally:
+        pool.shutdown()
+
+
+# ------------------------------------------------- several comparisons in one job
+
+def test_batch_reply_must_list_one_valid_verdict_per_comparison():
+    assert _sympy_worker._reply(b'{"id": 4, "r": [true, "c", null, "u"]}', 4, 4) == \
+        {"id": 4, "r": [True, "c", None, "u"]}
+    for line in [b'{"id": 4, "r": [true, false]}', b'{"id": 4, "r": true}',
+                 b'{"id": 4, "r": [true, false, 1]}', b'{"id": 4, "r": [true, "C", false]}',
+                 b'{"id": 3, "r": [true, true, true]}', b'{"id": 4, "r": [true, true, true, true]}']:
+        assert _sympy_worker._reply(line, 4, 3) is None
+    assert _sympy_worker._reply(b'{"id": 4, "r": "u"}', 4) is None  # not for one comparison
+
+
+def _batch(monkeypatch, judge, n: int, t: float = 5.0) -> list:
+    """`run_batch_job` over n items whose comparison is `judge(a)` (a = "0".."n-1")."""
+    monkeypatch.setattr(_sympy_child, "compare", lambda a, *_: judge(a))
+    items = [{"a": str(i), "b": "x", "mode": "mv", "atol": 0.0, "o": None} for i in range(n)]
+    verdicts, pid = _sympy_child.run_batch_job({"batch": items, "t": t})
+    _sympy_child.end_job(pid, own_pid_ns=False)
+    return verdicts
+
+
+def test_batch_job_answers_each_comparison_in_order(monkeypatch):
+    def judge(a):
+        if a == "2":
+            raise ValueError("unparsable")  # "not shown equal"
+        return {"0": True, "1": False, "3": "completion"}[a]
+
+    assert _batch(monkeypatch, judge, 4) == [True, False, False, "c"]
+
+
+def test_a_slow_comparison_leaves_the_rest_undecided(monkeypatch):
+    """The comparison that overruns its time is a timeout; the later ones are "u" (the pool
+    runs them singly), so a slow answer cannot time out its neighbours."""
+    def judge(a):
+        if a == "1":
+            time.sleep(30)
+        return True
+
+    start = time.monotonic()
+    assert _batch(monkeypatch, judge, 4, t=0.5) == [True, None, "u", "u"]
+    assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("error", [MemoryError, RecursionError])
+def test_a_resource_error_stops_the_job(monkeypatch, error):
+    """After a MemoryError or RecursionError the process is not trusted to judge the rest."""
+    def judge(a):
+        if a == "1":
+            raise error()
+        return True
+
+    assert _batch(monkeypatch, judge, 3) == [True, "u", "u"]
+
+
+def test_a_batch_job_cannot_forge_its_neighbours_verdicts(monkeypatch, capfd):
+    """A comparison that writes verdict bytes (and forged replies) on every descriptor it
+    holds: its own pipe then holds more bytes than comparisons or garbage, and every verdict
+    of the job is undecided; nothing reaches the zygote's stdout."""
+    def forge(a):
+        for fd in range(0, 64):
+            try:
+                os.write(fd, b"TTTT" if a == "0" else b'{"id": 1, "r": [true, true]}\n')
+            except OSError:
+                pass
+        return False
+
+    assert _batch(monkeypatch, forge, 2) == ["u", "u"]
+    assert "true" not in capfd.readouterr().out
+
+
+def test_compare_many_decides_like_compare_and_retries_after_a_timeout():
+    """A real worker: a slow answer in the middle of a batch times out alone; the
+    comparisons after it are run singly by `compare`, with the same verdicts as without the
+    batch; the timeout is reported once, then the request is tried afresh."""
+    slow = r"\sin((10^{999})^{60})+\sin((10^{998})^{60})+\sin((10^{997})^{60})"
+    options = {"targets": ["latex"]}
+    requests = [("\\frac{1}{2}", "0.5", "mv", 0.0, options), (slow, "1", "mv", 0.0, options),
+                ("\\sqrt{4}", "2", "mv", 0.0, options), ("3", "2", "mv", 0.0, options)]
+    pool = SympyPool(1, isolate=False)
+    try:
+        pool.warm()
+        assert pool.compare_many(requests, timeout_s=0.5) == [True, None, "u", "u"]
+        assert pool.compare_many(requests, timeout_s=0.5)[0] == "u"  # cached: skipped
+        assert pool.compare(slow, "1", "mv", 0.0, 20.0, options) is None  # the batch timeout
+        assert [pool.compare(a, b, m, t, 20.0, o) for a, b, m, t, o in requests[2:]] == \
+            [True, False]
+        assert pool._inflight == {}
     finally:
         pool.shutdown()

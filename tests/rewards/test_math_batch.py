@@ -1,0 +1,99 @@
+"""The `correctness` reward's batch preparation (`correctness_prefetch`) inside RewardPool:
+the same verdicts as one call per answer, in far fewer worker jobs."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_reason.rewards import RewardPool, math as math_reward, register_reward
+from jaxrl_reason.rewards._sympy_worker import SympyPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from verifiers import build_items  # noqa: E402
+
+_SEEN: list = []
+
+
+@register_reward("_test_prefetching")
+def _prefetching(completion, example, *, scale: float = 1.0):
+    return scale * float(completion in _SEEN)
+
+
+def _prefetch(completions, examples, workers=1, scale=1.0):
+    assert scale == 3.0  # the reward's bound options reach the prefetch
+    return [lambda: _SEEN.extend(completions)]
+
+
+_prefetching.prefetch = _prefetch
+
+
+@register_reward("_test_prefetch_fails")
+def _prefetch_fails(completion, example):
+    return 1.0
+
+
+def _broken(*args, **kwargs):
+    raise RuntimeError("boom")
+
+
+_prefetch_fails.prefetch = _broken
+
+
+def test_pool_runs_prefetch_tasks_before_the_calls():
+    _SEEN.clear()
+    options = {"_test_prefetching": {"scale": 3.0}}
+    with RewardPool({"_test_prefetching": 1.0, "_test_prefetch_fails": 1.0}, options=options,
+                    num_workers=2) as pool:
+        out = pool.score(["a", "b", "c"], [{"answer": "x"}] * 3)
+    np.testing.assert_allclose(out.components["_test_prefetching"], [3.0, 3.0, 3.0])
+    np.testing.assert_allclose(out.components["_test_prefetch_fails"], [1.0, 1.0, 1.0])
+
+
+@pytest.fixture
+def own_pool(monkeypatch):
+    """A fresh sympy pool (no cached verdicts) counting the worker requests."""
+    from jaxrl_reason.rewards import _sympy_worker
+
+    pool = SympyPool(2, isolate=False)
+    pool.warm()
+    requests = []
+    original = pool._request
+
+    def counted(body, timeout_s, count=None):
+        requests.append(count or 1)
+        return original(body, timeout_s, count)
+
+    monkeypatch.setattr(pool, "_request", counted)
+    monkeypatch.setattr(_sympy_worker, "_POOL", pool)
+    monkeypatch.setattr(math_reward, "CORRECTNESS_TIMEOUT_S", 30.0)  # a loaded machine
+    yield pool, requests
+    pool.shutdown()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_prefetched_verdicts_equal_single_calls_in_fewer_jobs(own_pool, workers):
+    pool, requests = own_pool
+    items = build_items(96, 0.0, seed=3)
+    completions, examples = [c for c, _, _ in items], [e for _, e, _ in items]
+    with RewardPool({"correctness": 1.0}, num_workers=workers, timeout_s=300.0) as rp:
+        batched = rp.score(completions, examples)
+    jobs = len(requests)
+    assert jobs <= max(workers, 2) and sum(requests) > jobs  # several comparisons per job
+    pool._verdicts.clear()
+    single = [math_reward.correctness(c, e) for c, e in zip(completions, examples)]
+    assert len(requests) - jobs > jobs  # one job per distinct comparison
+    np.testing.assert_array_equal(batched.components["correctness"],
+                                  np.array([r.score for r in single], np.float32))
+    labels = np.array([want for _, _, want in items], bool)
+    assert (batched.components["correctness"] > 0.5).tolist().count(True) > 0
+    assert ((batched.components["correctness"] > 0.5) != labels).sum() <= 2
+
+
+def test_prefetch_skips_what_the_parent_decides_and_bad_examples():
+    tasks = math_reward.correctness_prefetch(
+        ["\\boxed{4}", "\\boxed{5}", "no answer here", "\\boxed{x}"],
+        [{"answer": "4"}, {"answer": "4"}, {"answer": "4"}, {"prompt": "no answer key"}])
+    assert tasks == []  # integers, a missing answer and a missing key need no worker
+    with pytest.raises(ValueError, match="no 'answer'"):
+        math_reward.correctness("\\boxed{x}", {"prompt": "no answer key"})
