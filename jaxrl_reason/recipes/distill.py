@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Any, Mapping, Sequence
@@ -54,12 +55,14 @@ from jaxrl_reason.runtime import paths
 from jaxrl_reason.data.files import FileSource, read_examples
 from jaxrl_reason.data.tasks import task_source, task_verifier
 from jaxrl_reason.runtime.metrics import MetricsWriter
+from jaxrl_reason.models import lora as lora_lib
 from jaxrl_reason.models.config import ModelConfig, get_preset
 from jaxrl_reason.rewards.pool import RewardPool, config_options, import_reward_modules
 from jaxrl_reason.runtime.build import Runtime, build_runtime
 from jaxrl_reason.recipes.sft import run_sft
 from jaxrl_reason.config.validation import check_config
 
+_log = logging.getLogger(__name__)
 KEEP = ("all", "shortest")
 _SET_FIELDS = ("id", "prompt", "answer", "completion", "source_id", "sample", "length")
 _DROPPED_FIELDS = ("solution",)  # a file example's worked solution would rebuild a target
@@ -272,8 +275,8 @@ def read_sft_jsonl(path: str | os.PathLike) -> FileSource:
 
 def student_config(config: ml_collections.ConfigDict, data_path: str, *,
                    model: ModelConfig | Mapping[str, Any] | None = None,
-                   sft: Mapping[str, Any] | None = None,
-                   num_examples: int | None = None) -> ml_collections.ConfigDict:
+                   sft: Mapping[str, Any] | None = None, num_examples: int | None = None,
+                   lora: bool | None = None) -> ml_collections.ConfigDict:
     """The run config that SFTs a student on a distilled JSONL file.
 
     A copy of `config` (the teacher's) with a "file" task reading `data_path` as written
@@ -281,7 +284,8 @@ def student_config(config: ml_collections.ConfigDict, data_path: str, *,
     student's `model` (a ModelConfig, whose vocab_size is replaced by 0 = the tokenizer's
     size, or a mapping of the config's `model` fields; None: the teacher's), `sft`
     overrides (e.g. {"steps": 100, "batch_size": 16}; unknown keys are a ValueError) and
-    `sft.num_examples` = `num_examples` (default: every record, counted in the file).
+    `sft.num_examples` = `num_examples` (default: every record, counted in the file) and
+    `sft.lora` = `lora` when not None (with `model.lora`: SFT trains only the adapters).
     Returns a locked ConfigDict.
     """
     c = config.copy_and_resolve_references()
@@ -307,6 +311,8 @@ def student_config(config: ml_collections.ConfigDict, data_path: str, *,
             with open(data_path, "rb") as f:
                 num_examples = sum(1 for line in f if line.strip())
         c.sft.num_examples = max(int(num_examples), 1)
+        if lora is not None:
+            c.sft.lora = bool(lora)
     c.lock()
     return c
 
@@ -314,8 +320,9 @@ def student_config(config: ml_collections.ConfigDict, data_path: str, *,
 def distill_student(config: ml_collections.ConfigDict, data_path: str, workdir: str, *,
                     tokenizer, model: ModelConfig | Mapping[str, Any] | None = None,
                     sft: Mapping[str, Any] | None = None, init_params: Any = None,
-                    writer: MetricsWriter | None = None,
-                    resume: bool = True) -> tuple[Any, Runtime]:
+                    writer: MetricsWriter | None = None, resume: bool = True,
+                    lora: bool | None = None,
+                    base_checkpoint: str | None = None) -> tuple[Any, Runtime]:
     """SFTs a student on a distilled data set with our cold-start SFT (`sft.run_sft`).
 
     Args:
@@ -329,13 +336,16 @@ def distill_student(config: ml_collections.ConfigDict, data_path: str, workdir: 
       init_params: the student's starting params (None: random init from config.seed).
       writer: metrics writer (default: `<workdir>/metrics.jsonl`, no tensorboard).
       resume: continue from the newest complete SFT checkpoint in `workdir`.
+      lora: the student's `sft.lora` (None: the config's): with `model.lora`, only adapters
+        train and the checkpoints hold them and a fingerprinted reference to the base.
+      base_checkpoint: the checkpoint `init_params` came from, named as that base.
     Returns:
       (params, runtime) of the student.
     Raises:
       ConfigError (a ValueError) listing config problems; ValueError when the file has no
       usable record.
     """
-    c = student_config(config, data_path, model=model, sft=sft)
+    c = student_config(config, data_path, model=model, sft=sft, lora=lora)
     check_config(c, jax.device_count())
     rt = build_runtime(c, workdir, tokenizer=tokenizer)
     own_writer = writer is None
@@ -343,7 +353,8 @@ def distill_student(config: ml_collections.ConfigDict, data_path: str, workdir: 
         writer = MetricsWriter(workdir, tensorboard=False, console=False,
                                enabled=distributed.is_primary())
     try:
-        params = run_sft(rt, writer, params=init_params, resume=resume)
+        params = run_sft(rt, writer, params=init_params, resume=resume,
+                         base_checkpoint=base_checkpoint)
     finally:
         if own_writer:
             writer.close()
@@ -499,17 +510,54 @@ def sample_distill_data(rt: Runtime, params, data_path: str,
     return stats, False
 
 
+def student_lora(teacher_model: ModelConfig, settings: DistillSettings,
+                 sft_lora: bool) -> tuple[bool, str]:
+    """(whether the student trains LoRA adapters, why it does not although the teacher's
+    model has `model.lora`: a message, "" otherwise).
+
+    With student_init "teacher" the student is the teacher's frozen base plus adapters (the
+    teacher's, or fresh ones). A new student (student_init "random" or a student_preset) is
+    trained fully: adapters on a random base learn nothing useful; `sft.lora` still asks
+    for adapters on the random base of the teacher's model, as in SFT.
+    """
+    if teacher_model.lora is None:
+        return False, ""
+    if settings.student_preset:
+        return False, (f"distill: model.lora is set, but distill.student_preset="
+                       f"{settings.student_preset!r} makes a new model without adapters: the "
+                       f"student is trained fully (every parameter); use student_init=teacher "
+                       f"to train adapters on the teacher's frozen base")
+    if settings.student_init == "teacher" or sft_lora:
+        return True, ""
+    return False, ("distill: model.lora is set, but student_init=random makes a new student "
+                   "and adapters on a random base learn nothing useful: the student is "
+                   "trained fully (every parameter); use student_init=teacher to train "
+                   "adapters on the teacher's frozen base")
+
+
 def train_student(config: ml_collections.ConfigDict, data_path: str, workdir: str, *,
                   tokenizer, teacher_params, teacher_model: ModelConfig,
-                  settings: DistillSettings,
-                  writer: MetricsWriter | None = None) -> tuple[Any, Runtime]:
+                  settings: DistillSettings, writer: MetricsWriter | None = None,
+                  teacher_checkpoint: str = "") -> tuple[Any, Runtime]:
     """SFTs the student of `settings` on `data_path` in `workdir` (`distill_student`),
     resuming from its checkpoints: a finished student is loaded, not retrained.
 
     With student_init "teacher" the teacher's params become the student's starting point
-    (and are donated to its first update). The student's completion budget covers the
-    teacher's (`budget` + 16 tokens for re-tokenization). Returns (params, runtime).
+    (and are donated to its first update). With `model.lora` that student trains only
+    adapters (`student_lora`; a fully trained one is announced as a warning) and its
+    checkpoints name `teacher_checkpoint` (the directory `teacher_params` were loaded from)
+    as their frozen base. The student's completion budget covers the teacher's (`budget` +
+    16 tokens for re-tokenization). Returns (params, runtime).
+    Raises ValueError when a LoRA student of the teacher has no `teacher_checkpoint`.
     """
+    lora, note = student_lora(teacher_model, settings, bool(config.sft.get("lora", False)))
+    if note and distributed.is_primary():
+        _log.warning(note)
+    from_teacher = settings.student_init == "teacher"
+    if lora and from_teacher and not teacher_checkpoint:
+        raise ValueError("distill: a LoRA student of the teacher (model.lora, student_init="
+                         "teacher) needs the teacher's checkpoint directory, which its "
+                         "checkpoints name as their frozen base; pass teacher_checkpoint")
     model = get_preset(settings.student_preset) if settings.student_preset else teacher_model
     sft: dict[str, Any] = {"max_completion_length": max(int(config.sft.max_completion_length),
                                                         budget(config, settings) + 16)}
@@ -518,9 +566,10 @@ def train_student(config: ml_collections.ConfigDict, data_path: str, workdir: st
         sft["warmup_steps"] = min(int(config.sft.warmup_steps), settings.student_steps // 10)
     if settings.student_learning_rate:
         sft["learning_rate"] = settings.student_learning_rate
-    init = teacher_params if settings.student_init == "teacher" else None
+    init = teacher_params if from_teacher else None
     return distill_student(config, data_path, workdir, tokenizer=tokenizer, model=model,
-                           sft=sft, init_params=init, writer=writer, resume=True)
+                           sft=sft, init_params=init, writer=writer, resume=True, lora=lora,
+                           base_checkpoint=teacher_checkpoint if from_teacher else None)
 
 
 def same_model_runtime(rt: Runtime, other: Runtime) -> Runtime:
@@ -550,7 +599,8 @@ def run_distill(rt: Runtime, teacher_params, workdir: str, settings: DistillSett
     the held-out sets of `rt.config` (as `jaxrl-reason eval` does).
     Returns the report written to `<workdir>/distill.json`: "distill" (DistillStats and
     "kept_fraction" = kept / samples), "reports" {"teacher", "student"} (evaluation
-    reports), "summary" (accuracy and mean length per set), "table" (markdown), "settings".
+    reports), "summary" (accuracy and mean length per set), "table" (markdown), "settings",
+    "student_lora" (True when the student trained LoRA adapters, see `student_lora`).
     """
     # evaluation sits above distillation's pieces
     from jaxrl_reason.evaluation import runner as eval_runner
@@ -577,8 +627,10 @@ def run_distill(rt: Runtime, teacher_params, workdir: str, settings: DistillSett
     save()
     params, student_rt = train_student(rt.config, data_path, workdir, tokenizer=rt.tokenizer,
                                        teacher_params=teacher_params,
-                                       teacher_model=rt.model_cfg, settings=settings)
+                                       teacher_model=rt.model_cfg, settings=settings,
+                                       teacher_checkpoint=teacher_checkpoint)
     report["student_model"] = dataclasses.asdict(student_rt.model_cfg)
+    report["student_lora"] = lora_lib.has_adapters(params)
     if "student" not in reports:
         reports["student"] = eval_runner.evaluate(same_model_runtime(rt, student_rt), params,
                                                   label="/student", progress=progress)

@@ -60,6 +60,7 @@ from jaxrl_reason.runtime import reliability
 from jaxrl_reason.checkpoints import workdir_lock
 from jaxrl_reason.checkpoints.checkpointer import Checkpointer
 from jaxrl_reason.runtime.metrics import MetricsWriter
+from jaxrl_reason.models import lora as lora_lib
 from jaxrl_reason.models.params import to_layout
 from jaxrl_reason.runtime.reliability import Preempted, stop_requested
 from jaxrl_reason.rl.trainer import RLTrainer
@@ -292,17 +293,21 @@ def stage_runtime(base: Runtime, stage: Stage, model_cfg) -> Runtime:
     return build_runtime(config, stage.workdir, tokenizer=base.tokenizer)
 
 
-def run_stage(stage: Stage, rt: Runtime, params, writer: MetricsWriter):
+def run_stage(stage: Stage, rt: Runtime, params, writer: MetricsWriter,
+              source: str | None = None):
     """Runs (or resumes) one stage from the incoming `params` (None: a fresh sft init).
 
+    `source`: the checkpoint directory `params` are the output of (the previous stage's, or
+    the pipeline's init_checkpoint); a LoRA stage's checkpoints name it as their frozen base.
     Returns (params, runtime, info): the stage's output params, the runtime that holds its
     model, and a dict of stage facts for the table (a distill stage's DistillStats and
     kept fraction). Raises Preempted when a stop signal arrived (a checkpoint was saved).
     """
     if stage.kind == "sft":
-        return run_sft(rt, writer, params=params, resume=True), rt, {}
+        return run_sft(rt, writer, params=params, resume=True, base_checkpoint=source), rt, {}
     if stage.kind == "rl":
-        return RLTrainer(rt, writer, init_params=params).run(resume=True), rt, {}
+        trainer = RLTrainer(rt, writer, init_params=params, base_checkpoint=source)
+        return trainer.run(resume=True), rt, {}
     settings = distill.settings_from(stage.config)
     stats, reused = distill.sample_distill_data(
         rt, params, paths.join(stage.workdir, "distill.jsonl"), settings)
@@ -311,9 +316,10 @@ def run_stage(stage: Stage, rt: Runtime, params, writer: MetricsWriter):
     student, student_rt = distill.train_student(
         stage.config, paths.join(stage.workdir, "distill.jsonl"), stage.workdir,
         tokenizer=rt.tokenizer, teacher_params=params, teacher_model=rt.model_cfg,
-        settings=settings, writer=writer)
+        settings=settings, writer=writer, teacher_checkpoint=source or "")
     info = {**stats.to_dict(), "kept_fraction": stats.kept / max(stats.samples, 1),
-            "reused_data": reused, "student_model": dataclasses.asdict(student_rt.model_cfg)}
+            "reused_data": reused, "student_model": dataclasses.asdict(student_rt.model_cfg),
+            "student_lora": lora_lib.has_adapters(student)}
     return student, student_rt, info
 
 
@@ -403,7 +409,9 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: str, *, until: str 
             if distributed.is_primary():
                 paths.write_text_atomic(paths.join(stage.workdir, "config.json"),
                                         stage.config.to_json_best_effort(indent=1))
-            params, rt, info = run_stage(stage, rt, params, writer)
+            source = (stages[stage.index - 1].workdir if stage.index > 0
+                      else config.pipeline.get("init_checkpoint", "")) or None
+            params, rt, info = run_stage(stage, rt, params, writer, source)
         finally:
             writer.close()
         model_cfg = rt.model_cfg

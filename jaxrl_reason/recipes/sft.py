@@ -113,12 +113,14 @@ def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0):
 
 
 def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
-            resume: bool = True) -> Any:
+            resume: bool = True, base_checkpoint: str | None = None) -> Any:
     """Runs the cold-start SFT phase of `rt.config.sft` and returns the trained params.
 
     Starts from `params` (random init from config.seed when None). With `resume`, continues
     from the newest complete checkpoint in `<workdir>/checkpoints/sft`; a finished phase is
-    not re-run.
+    not re-run. `base_checkpoint`: the checkpoint `params` were loaded from; LoRA
+    checkpoints name it as their frozen base (default: the run's hf_model or the seed's
+    random init).
     """
     cfg = rt.config.sft
     optimizer = make_optimizer(
@@ -138,7 +140,7 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
                                       cfg.num_examples, seed=rt.config.seed), cfg.num_examples)
     data = example_iterator(source, batch_size=cfg.batch_size, seed=rt.config.seed)
 
-    ckpt = PhaseCheckpointer(rt, "sft")
+    ckpt = PhaseCheckpointer(rt, "sft", base_checkpoint=base_checkpoint)
     restored = ckpt.restore_latest(state) if resume else None
     start = 0
     if restored is not None:
