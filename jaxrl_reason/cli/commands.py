@@ -316,6 +316,25 @@ def sample(fv) -> int:
     return 0
 
 
+def files_under(directory: str) -> dict[str, tuple[int, int]]:
+    """{path relative to `directory`: (st_mtime_ns, st_ino)} of every file below it ({} when
+    it does not exist): a snapshot that `written_since` compares against."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            st = os.stat(path)
+            out[os.path.relpath(path, directory)] = (st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def written_since(directory: str, before: dict[str, tuple[int, int]]) -> list[str]:
+    """Sorted relative paths of the files below `directory` that are new, modified or
+    replaced since the `files_under` snapshot `before`."""
+    return sorted(path for path, stamp in files_under(directory).items()
+                  if before.get(path) != stamp)
+
+
 def export(fv) -> int:
     """A run's checkpoint as a Hugging Face model directory (config.json, safetensors,
     tokenizer files) that transformers and other tools load; a LoRA run's as the merged
@@ -325,25 +344,25 @@ def export(fv) -> int:
     mesh = shd.make_mesh({"data": -1})
     params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, shd.DEFAULT_RULES)
     params = distributed.to_host(params)  # every process takes part in the gather
+    before = files_under(fv.out)  # the message lists every file this export writes
     if distributed.is_primary() and model_cfg.lora is not None:
         # LoRA: <out>/merged and <out>/base (HF layout), <out>/adapter (PEFT's format)
         from jaxrl_reason.models.lora_export import export_lora
-        written = export_lora(model_cfg, params, fv.out, dtype=fv.dtype,
-                              max_shard_bytes=fv.max_shard_bytes)
-        files = [f for group in written.values() for f in group]
+        export_lora(model_cfg, params, fv.out, dtype=fv.dtype,
+                    max_shard_bytes=fv.max_shard_bytes)
         for sub in ("merged", "base", "adapter"):
             tokenizer.save_dir(os.path.join(fv.out, sub))
             write_transformers_files(tokenizer, os.path.join(fv.out, sub))
-        _say(f"wrote {len(files)} files to {fv.out}/{{merged,base,adapter}}")
     elif distributed.is_primary():
-        files = hf.export_hf_checkpoint(model_cfg, params, fv.out, dtype=fv.dtype,
-                                        max_shard_bytes=fv.max_shard_bytes)
+        hf.export_hf_checkpoint(model_cfg, params, fv.out, dtype=fv.dtype,
+                                max_shard_bytes=fv.max_shard_bytes)
         tokenizer.save_dir(fv.out)
         # A SentencePiece model also as tokenizer.json: transformers' AutoTokenizer then
         # loads it without sentencepiece, with the same ids.
         write_transformers_files(tokenizer, fv.out)
-        _say(f"wrote {len(files)} files to {fv.out}: " + ", ".join(
-            sorted(os.path.basename(f) for f in files)))
+    if distributed.is_primary():
+        files = written_since(fv.out, before)
+        _say(f"wrote {len(files)} files to {fv.out}: " + ", ".join(files))
     return 0
 
 

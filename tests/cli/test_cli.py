@@ -109,8 +109,14 @@ def test_export_then_sample_the_hf_directory_gives_the_same_completion(smoke_run
     out_dir = tmp_path / "hf"
     capsys.readouterr()
     assert run_cli("export", "--checkpoint", str(workdir), "--out", str(out_dir)) == 0
-    assert "config.json" in capsys.readouterr().out
-    assert {"config.json", "model.safetensors", "tokenizer.model"} <= set(os.listdir(out_dir))
+    written = sorted(os.listdir(out_dir))  # a new directory: every file is this export's
+    assert {"config.json", "model.safetensors", "tokenizer.model", "tokenizer.json",
+            "tokenizer_config.json"} <= set(written)
+    assert f"wrote {len(written)} files to {out_dir}: {', '.join(written)}" in \
+        capsys.readouterr().out
+    # into the same directory again: every file is rewritten, and listed
+    assert run_cli("export", "--checkpoint", str(workdir), "--out", str(out_dir)) == 0
+    assert f"wrote {len(written)} files" in capsys.readouterr().out
     completions = []
     for source in (("--checkpoint", str(workdir)), ("--model", str(out_dir))):
         assert run_cli("sample", *source, "--prompt", "What is 2+3?", "--greedy",

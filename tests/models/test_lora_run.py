@@ -92,13 +92,18 @@ def test_a_different_base_is_refused(runs):
                 lora_params.check_base_fingerprint(fingerprint, params, "test")
 
 
-def test_export_writes_merged_base_and_adapter(runs, tmp_path):
+def test_export_writes_merged_base_and_adapter(runs, tmp_path, capsys):
     out = tmp_path / "export"
+    capsys.readouterr()
     assert run_cli("export", "--checkpoint", str(runs["full"]), "--out", str(out)) == 0
-    for sub, name in (("merged", "model.safetensors"), ("base", "model.safetensors"),
-                      ("adapter", "adapter_model.safetensors"),
-                      ("adapter", "adapter_config.json")):
-        assert os.path.isfile(out / sub / name), (sub, name)
+    written = sorted(os.path.join(sub, name) for sub in os.listdir(out)
+                     for name in os.listdir(out / sub))
+    for path in ("merged/model.safetensors", "base/model.safetensors",
+                 "adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+                 "merged/tokenizer.model", "merged/tokenizer_config.json"):
+        assert path in written, path
+    assert f"wrote {len(written)} files to {out}: {', '.join(written)}" in \
+        capsys.readouterr().out
 
 
 @pytest.mark.parametrize("override,message", [
