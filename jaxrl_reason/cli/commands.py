@@ -340,11 +340,14 @@ def export(fv) -> int:
     tokenizer files) that transformers and other tools load; a LoRA run's as the merged
     model, its base and the adapter in PEFT's format (`models.lora_export`)."""
     from jaxrl_reason.models import hf
+    from jaxrl_reason.models.lora import has_adapters
     from jaxrl_reason.tokenizers.hf import write_transformers_files
     mesh = shd.make_mesh({"data": -1})
     params, model_cfg, tokenizer, _ = load_params(fv.checkpoint, mesh, shd.DEFAULT_RULES)
     params = distributed.to_host(params)  # every process takes part in the gather
     before = files_under(fv.out)  # the message lists every file this export writes
+    if model_cfg.lora is not None and not has_adapters(params):
+        model_cfg = model_cfg.replace(lora=None)  # a LoRA run's full fine-tuning phase
     if distributed.is_primary() and model_cfg.lora is not None:
         # LoRA: <out>/merged and <out>/base (HF layout), <out>/adapter (PEFT's format)
         from jaxrl_reason.models.lora_export import export_lora

@@ -106,6 +106,16 @@ def test_export_writes_merged_base_and_adapter(runs, tmp_path, capsys):
         capsys.readouterr().out
 
 
+def test_export_of_the_full_fine_tuning_sft_phase_is_a_plain_model(runs, tmp_path, capsys):
+    """The SFT phase of a LoRA run (sft.lora False) has no adapters: one HF directory."""
+    out = tmp_path / "sft_export"
+    capsys.readouterr()
+    assert run_cli("export", "--checkpoint", phase_dir(str(runs["full"]), "sft"),
+                   "--out", str(out)) == 0
+    assert (f"wrote 5 files to {out}: config.json, model.safetensors, tokenizer.json, "
+            f"tokenizer.model, tokenizer_config.json") in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("override,message", [
     ("--config.rl.ref_sync_every=2", "ref_sync_every=2: mixing the reference"),
 ])
