@@ -250,3 +250,86 @@ def test_readme_verifier_accuracy_is_the_json_of_its_command():
     assert sentence, "README has no verifier accuracy sentence"
     assert [sentence.group(1), sentence.group(3), sentence.group(4)] == figures
     assert int(sentence.group(2)) == results["ours"]["main"]["n"]
+
+
+_FROM = re.compile(r"\bfrom\s+(jaxrl_reason(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n`#;\"')\\]+)")
+_IMPORT = re.compile(r"\bimport\s+(jaxrl_reason(?:\.\w+)*)")
+_NAME = re.compile(r"(\w+)(?:\s+as\s+\w+)?")
+_CHECK = """
+import importlib, json, sys
+failures = []
+for where, module, names in json.loads(sys.stdin.read()):
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:
+        failures.append(f"{where}: {module}: {type(e).__name__}: {e}")
+        continue
+    for name in names:
+        if not hasattr(mod, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ImportError:
+                failures.append(f"{where}: {module} has no {name!r}")
+print(json.dumps(failures))
+"""
+
+
+def _imports_in(text: str, where: str, first_line: int = 1) -> list[tuple[str, str, list]]:
+    """[(`where`:line, module, [names])] of the `from jaxrl_reason... import a, b as c` and
+    `import jaxrl_reason.x` statements in `text` (parenthesized lists, `;`-joined and
+    quoted one-liners included). A name list that is not identifiers (`as` aliases allowed)
+    gets the name "<unparsed: ...>", which no module has."""
+    found = []
+    for match in _FROM.finditer(text):
+        line = first_line + text.count("\n", 0, match.start())
+        names = []
+        for part in match.group(2).strip("() \t\n").split(","):
+            part = part.strip()
+            if part:
+                m = _NAME.fullmatch(part)
+                names.append(m.group(1) if m else f"<unparsed: {part}>")
+        found.append((f"{where}:{line}", match.group(1), names))
+    for match in _IMPORT.finditer(text):
+        line = first_line + text.count("\n", 0, match.start())
+        found.append((f"{where}:{line}", match.group(1), []))
+    return found
+
+
+def _quoted_imports() -> list[tuple[str, str, list]]:
+    """The import statements of README.md and docs/*.md, and those inside string literals
+    (docstrings aside) of benchmarks/*.py and tests/**/*.py: code these pass to
+    subprocesses."""
+    import ast
+    found = []
+    for doc in _markdown_files():
+        found += _imports_in(doc.read_text(), str(doc.relative_to(ROOT)))
+    for path in sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                           ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in docstrings:
+                found += _imports_in(node.value, str(path.relative_to(ROOT)), node.lineno)
+    return found
+
+
+def test_quoted_imports_resolve():
+    """Every `from jaxrl_reason.m import X` / `import jaxrl_reason.m` in the README, docs/ and
+    the code strings of benchmarks/ and tests/ imports m and finds X (an attribute or a
+    submodule), in one subprocess. Two wrong statements ride along to show the check fails."""
+    wrong = [("<wrong name>", "jaxrl_reason.rewards", ["no_such_reward_fn"]),
+             ("<wrong module>", "jaxrl_reason.no_such_module", [])]
+    statements = _quoted_imports()
+    assert len(statements) >= 20, statements
+    proc = subprocess.run([sys.executable, "-c", _CHECK], input=json.dumps(statements + wrong),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert failures[-2:] == [
+        "<wrong name>: jaxrl_reason.rewards has no 'no_such_reward_fn'",
+        "<wrong module>: jaxrl_reason.no_such_module: ModuleNotFoundError: No module named "
+        "'jaxrl_reason.no_such_module'"], failures
+    assert not failures[:-2], "imports that fail:\n" + "\n".join(failures[:-2])
