@@ -135,6 +135,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.train_length_bucket = 32           # training pads completions to a multiple of this
     c.rl.skip_zero_advantage_rows = True    # beta = 0: update only on rows with a signal
     c.rl.train_row_buckets = 4              # row counts the update compiles for (N*k/4)
+    c.rl.packing = False                    # padding-free packs for log-prob passes + update
+    c.rl.pack_tokens = 256 if smoke else 512  # tokens per pack (docs/packing.md)
 
     c.rewards = ml_collections.ConfigDict()
     c.rewards.weights = ml_collections.ConfigDict({"correctness": 1.0, "format_strict": 0.1})

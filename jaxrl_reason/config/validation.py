@@ -201,6 +201,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     if not (isinstance(micro, int) and micro >= 1):
         problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
+    problems += _packing_problems(config)
     problems += _refill_problems(config, dp)
     problems += _partial_rollout_problems(config)
     bucket = _get(config, "rl.train_length_bucket")
@@ -211,6 +212,43 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     problems += _reward_problems(config)
     problems += _reward_model_problems(config)
     problems += _tool_problems(config)
+    return problems
+
+
+PACKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def _packing_problems(config) -> list[str]:
+    """rl.packing (padding-free packs for the log-prob passes and the update) and
+    rl.pack_tokens, and what packing does not cover yet."""
+    packing = _get(config, "rl.packing", False)
+    if not isinstance(packing, bool):
+        return [f"rl.packing: must be True or False, got {packing!r}"]
+    if not packing:
+        return []
+    tokens = _get(config, "rl.pack_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        return [f"rl.pack_tokens: must be an int >= 1 (tokens per pack) with rl.packing, "
+                f"got {tokens!r}"]
+    problems = []
+    buckets, budget = _get(config, "task.prompt_buckets", ()), _get(config, "rl.max_new_tokens")
+    if buckets and all(isinstance(b, int) for b in buckets) and isinstance(budget, int):
+        longest = max(buckets) + budget - 1
+        if tokens < longest:
+            problems.append(f"rl.pack_tokens: {tokens} cannot hold the longest row, "
+                            f"{longest} tokens (largest task.prompt_buckets {max(buckets)} + "
+                            f"rl.max_new_tokens {budget} - 1)")
+    loss_type = _get(config, "rl.loss_type")
+    if loss_type not in PACKED_LOSS_TYPES:
+        problems.append(f"rl.packing: packs the {'/'.join(PACKED_LOSS_TYPES)} losses, not "
+                        f"rl.loss_type {loss_type!r}")
+    if _get(config, "rl.advantage_estimator") == "gae":
+        problems.append("rl.packing: the PPO critic's passes (advantage_estimator='gae') are "
+                        "not packed; set rl.packing=False")
+    if _get(config, "rl.micro_batches", 1) != 1:
+        problems.append("rl.packing: the packed update runs one micro-batch; set "
+                        "rl.micro_batches=1 (packs already bound the activations by "
+                        "rl.pack_tokens)")
     return problems
 
 

@@ -237,6 +237,40 @@ def unpack(packed: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, flat[np.maximum(index, 0)], 0).astype(flat.dtype)
 
 
+class Packer:
+    """The packer of a run: `pack` with the run's T, pack-count buckets and prompt sharing.
+
+    Args:
+      pack_tokens: T (rl.pack_tokens). num_rows: N, the rows of an update batch.
+      max_row_tokens: the largest row a run can have (longest prompt + completion budget
+        - 1): with N it bounds the pack count (`max_packs`).
+      multiple: pack counts are multiples of this (the data-parallel size).
+      share_prompts: `shares_prompts(model config)`.
+    """
+
+    def __init__(self, pack_tokens: int, num_rows: int, max_row_tokens: int, multiple: int,
+                 share_prompts: bool):
+        self.pack_tokens, self.share_prompts = int(pack_tokens), bool(share_prompts)
+        self.buckets = pack_buckets(max_packs(num_rows, max_row_tokens, pack_tokens), multiple)
+
+    def __call__(self, prompt_tokens, prompt_valid, completion_tokens, lengths) -> Packs:
+        """`pack` (same arguments) into this run's buckets."""
+        return pack(prompt_tokens, prompt_valid, completion_tokens, lengths, self.pack_tokens,
+                    self.buckets, self.share_prompts)
+
+
+def packer_for(config, model_cfg, data_parallel: int) -> Packer | None:
+    """The run's `Packer` with `config.rl.packing` (None without): T = rl.pack_tokens, N =
+    rl.batch_prompts * rl.num_generations rows of at most max(task.prompt_buckets) +
+    rl.max_new_tokens - 1 tokens, pack counts multiples of `data_parallel`."""
+    rl = config.rl
+    if not rl.get("packing", False):
+        return None
+    return Packer(rl.pack_tokens, rl.batch_prompts * rl.num_generations,
+                  max(config.task.prompt_buckets) + rl.max_new_tokens - 1, data_parallel,
+                  shares_prompts(model_cfg))
+
+
 _NOTED: set[str] = set()
 
 

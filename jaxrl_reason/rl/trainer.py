@@ -57,8 +57,9 @@ from jaxrl_reason.evaluation.pass_at_k import domain_metrics
 from jaxrl_reason.runtime.build import Runtime
 from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.sampling.tool_loop import ToolSampleOutput, tool_loss_mask
-from jaxrl_reason.rl.update import (adaptive_kl_beta, make_logprob_fn, make_update_fn,
-                                    mix_reference)
+from jaxrl_reason.rl.update import (PACK_KEYS, adaptive_kl_beta, make_logprob_fn,
+                                    make_packed_logprob_fn, make_update_fn, mix_reference)
+from jaxrl_reason.rl.packing import packer_for
 from jaxrl_reason.runtime.train_state import (TrainState, create_train_state,
                                               learning_rate_schedule, make_optimizer)
 
@@ -130,8 +131,17 @@ class RLTrainer:
                              else "token" if per_token else "sequence")
         self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
                                           rt.mesh, rt.rules)
+        # rl.packing: the log-prob passes and the update run on padding-free packs
+        self.packer = packer_for(rt.config, rt.model_cfg,
+                                 shd.data_parallel_size(rt.mesh, rt.rules))
+        packed = self.packer is not None
+        if packed:
+            self.packed_logprob_fn = make_packed_logprob_fn(
+                rt.model, rl.temperature, self.packer.share_prompts, rt.mesh, rt.rules)
         self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
-                                        self.kernel_backend, dropout_seed=rt.config.seed + 4)
+                                        self.kernel_backend, dropout_seed=rt.config.seed + 4,
+                                        packed=packed,
+                                        share_prompts=packed and self.packer.share_prompts)
         self.ckpt = PhaseCheckpointer(rt, "rl", base_checkpoint=base_checkpoint)
         # rl.rollout_token_budget: rows not done within it continue in later steps.
         self.partial = (PartialRollouts(rt, rl) if rl.get("rollout_token_budget", 0)
@@ -330,9 +340,10 @@ class RLTrainer:
         got.times["time/sample_s"], t0 = time.time() - t0, time.time()
         if got.num_rows == 0:  # partial rollouts: nothing complete to score
             return got
+        if self.packer is not None:  # rows of one length: only the pack count varies
+            got.host["length"] = got.host["tokens"].shape[1]
         if self.ref_params is not None:  # device work first (asynchronous dispatch)
-            got.ref_logp = self.logprob_fn(self._reference(),
-                                           *self._full_rollout(got).scoring_args())
+            got.ref_logp = self._logprobs(self._reference(), got)
         if got.rewards is None:  # then host scoring while it runs
             got.rewards = self.agreed(self.score(got.examples, got.host).result())
         got.times["time/score_s"] = time.time() - t0
@@ -373,6 +384,22 @@ class RLTrainer:
                    "dynamic_sampling/filled_groups": float(max(0, b - informative))}
         return (*merge_groups(parts, flat[:b], g, self.rl.train_length_bucket,
                               self.rl.max_new_tokens), metrics)
+
+    def _logprobs(self, params, got: Collected) -> jax.Array:
+        """Log-probs f32 [N, L] of all rows of `got` under `params`: the padded pass, or
+        with rl.packing the packed one."""
+        if self.packer is None:
+            return self.logprob_fn(params, *self._full_rollout(got).scoring_args())
+        return self.packed_logprob_fn(params, self._packs(got.host))
+
+    def _packs(self, host, keep: np.ndarray | None = None) -> dict[str, jax.Array]:
+        """rl.packing: the packs (`packing.Packs.arrays`, on the mesh) of every row's train
+        lengths; rows whose `keep` (bool [N]) is False read nothing."""
+        lengths = self.train_lengths(host)
+        lengths = lengths if keep is None else np.where(keep, lengths, 0)
+        packs = self.packer(host["prompt_tokens"], host["prompt_valid"],
+                            host["tokens"][:, :host["length"]], lengths)
+        return {name: self.rt.put(x) for name, x in packs.arrays().items()}
 
     def _full_rollout(self, got: Collected) -> Rollout:
         """The update batch of all N rows of `got` (made once, kept in `got.rollout`)."""
@@ -434,6 +461,8 @@ class RLTrainer:
         arrays are put on the mesh), the whole batch's normalizers and the log-probs the loss
         reads. With `skip_rows` only the rows with a nonzero advantage, padded to a bucket
         (`select_train_rows`, a multiple of micro-batches x data-parallel size); else all N.
+        With rl.packing all N rows, those not trained on with an all-zero mask, and their
+        packs (the `update.PACK_KEYS`), from which the update's log-probs come.
 
         Returns (batch, train_rows): batch holds the `Rollout` fields ([M, ...]), the
         targets, num_sequences f32 [] (N), num_tokens f32 [] (the policy's tokens of all N
@@ -442,7 +471,13 @@ class RLTrainer:
         `rl.num_iterations` > 1; train_rows is the number of real rows among the M.
         """
         rl, host = self.rl, got.host
-        if self.skip_rows:
+        keep = None
+        if self.packer is not None:  # every row: those not trained on read nothing
+            keep = np.asarray(targets["advantages"]) != 0 if self.skip_rows else None
+            rollout = self._full_rollout(got) if keep is None else self.rollout(host, None, keep)
+            sampler_logp = self._all_sampler_logp(got)
+            train_rows = got.num_rows if keep is None else int(keep.sum())
+        elif self.skip_rows:
             rows, real = select_train_rows(
                 targets["advantages"], rl.train_row_buckets,
                 rl.micro_batches * shd.data_parallel_size(self.rt.mesh, self.rt.rules))
@@ -464,8 +499,13 @@ class RLTrainer:
                      beta=np.float32(self.beta), sampler_logp=sampler_logp)
         if got.ref_logp is not None:
             batch["ref_logp"] = got.ref_logp
+        if self.packer is not None:
+            batch.update(self._packs(host, keep))
         if rl.num_iterations > 1:
-            batch["old_logp"] = self.logprob_fn(self.state.params, *rollout.scoring_args())
+            batch["old_logp"] = (
+                self.logprob_fn(self.state.params, *rollout.scoring_args())
+                if self.packer is None else self.packed_logprob_fn(
+                    self.state.params, {k: batch[k] for k in PACK_KEYS}))
         return batch, train_rows
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
