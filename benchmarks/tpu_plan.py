@@ -266,6 +266,81 @@ def markdown(results: list[dict], unrolled: list[dict],
     return "\n".join(lines) + "\n"
 
 
+LONG_TAIL_INTRO = (
+    "## Sampler time on long-tailed lengths: static batch vs slot refill\n\n"
+    "`python benchmarks/tpu_plan.py --long-tail MODEL SLICE` (`plan.sampler_time`): the "
+    f"{ROWS_PROMPTS} x {G} rows of a step stop at the anchors' long_tail lengths scaled so "
+    f"that their longest possible row (512) is {COMPLETION:,} tokens (the first "
+    f"{ROWS_PROMPTS * G} rows; {PROMPT:,}-token prompts). Under a KV-cache budget per chip, "
+    "the static batch decodes as many rows at once as fit, each batch to its longest row; "
+    "slot refill decodes min(slots, what fits) slots, longest rows queued first, refilled "
+    "every 8 steps. A decode step's time is max(FLOPs / peak, bytes / bandwidth) over the "
+    "slice, for 2|theta| FLOPs per computed row plus attention over the step's cache stage, "
+    "and the weights (the chosen compile's sampler arguments) plus the computed rows' K and V "
+    "read once; prefill left out. Analytic per step, as the plan's sampler row (XLA's cost "
+    "analysis counts the decode loop's body once).\n\n")
+
+
+def long_tail_lengths(rows: int, max_len: int) -> list[int]:
+    """The anchors' long_tail lengths (spec.json; their longest possible row, 512, mapped
+    to `max_len`), the first `rows`: the issue's length distribution at the plan's shapes."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import roofline
+    from sampler import long_tail_lengths as spec_lengths, scale_lengths
+
+    import numpy as np
+
+    spec = roofline.load_spec()
+    if spec is None or "long_tail" not in spec:
+        raise SystemExit(f"--long-tail needs the anchors' spec.json ({roofline.SPEC_PATH})")
+    lengths = spec_lengths(spec)
+    top = spec["long_tail"]["lengths"]["max"]
+    scaled = scale_lengths(np.append(lengths, top), max_len)[:-1]  # top -> max_len
+    return scaled[:rows].tolist()
+
+
+def long_tail(result: dict, budgets_gib, slots, refill_every: int = 8) -> list[dict]:
+    """Sampler time of the long_tail lengths for the stored compile `result` (its model,
+    slice and setting; weight bytes from its sampler's arguments): per KV-cache budget per
+    chip, the static batch and slot refill with each of `slots` (`plan.sampler_time`)."""
+    from jaxrl_reason.models.config import get_preset
+    from jaxrl_reason.runtime.plan import Chip, sampler_time
+
+    cfg, chip, n_dev = get_preset(result["model"]), Chip(**result["chip"]), result["devices"]
+    sampler = result["programs"]["sampler"]
+    lengths = long_tail_lengths(ROWS_PROMPTS * G, COMPLETION)
+    common = dict(prompt_len=PROMPT, num_prompts=ROWS_PROMPTS, chip=chip, n_dev=n_dev,
+                  weight_bytes=sampler["argument_bytes"] * n_dev)
+    out = []
+    for budget in budgets_gib:
+        row = {"model": result["model"], "slice": result["slice"],
+               "setting": result["setting"], "kv_budget_gib": budget,
+               "mean_length": sum(lengths) / len(lengths), "max_length": max(lengths),
+               "static": sampler_time(cfg, lengths, kv_budget_bytes=budget * GiB, **common)}
+        for s in slots:
+            row[f"refill_{s}"] = sampler_time(cfg, lengths, kv_budget_bytes=budget * GiB,
+                                              slots=s, refill_every=refill_every, **common)
+        out.append(row)
+    return out
+
+
+def long_tail_markdown(rows: list[dict]) -> str:
+    """The sampler-time table of `long_tail` rows."""
+    lines = ["| model | slice | KV budget GiB / chip | sampler | rows x batches or slots | "
+             "decode steps | KV GiB / chip | roofline s | useful tok/s | occupancy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for key in [k for k in row if k == "static" or k.startswith("refill_")]:
+            r = row[key]
+            shape = (f"{r['rows_at_once']} x {r['batches']}" if key == "static"
+                     else f"{r['slots']} slots")
+            lines.append(f"| {row['model']} | {row['slice']} | {row['kv_budget_gib']:g} | "
+                         f"{key.replace('_', ' ')} | {shape} | {r['decode_steps']:,} | "
+                         f"{r['kv_cache_bytes'] / GiB:.2f} | {r['seconds']:.1f} | "
+                         f"{r['useful_tok_s']:,.0f} | {100 * r['occupancy']:.0f}% |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--one", nargs=5, metavar=("MODEL", "SLICE", "SETTING", "LAYERS", "STACK"),
@@ -281,6 +356,13 @@ def main() -> None:
     ap.add_argument("--memory-only", action="store_true",
                     help="skip the FLOPs/bytes compiles of scanned layers (roofline n/a)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "tpu_plan"))
+    ap.add_argument("--long-tail", nargs=2, metavar=("MODEL", "SLICE"), action="append",
+                    default=[], help="the sampler's time on the long_tail lengths, static vs "
+                                     "slot refill, per KV budget (from the stored compile)")
+    ap.add_argument("--kv-budgets", nargs="+", type=float, default=[1.0, 2.0, 4.0],
+                    help="--long-tail: KV-cache budgets, GiB per chip")
+    ap.add_argument("--long-tail-slots", nargs="+", type=int, default=[16, 32, 64],
+                    help="--long-tail: slot counts (rl.max_num_seqs) to size")
     args = ap.parse_args()
     if args.one:
         model, slice_name, setting, layers, stack = args.one
@@ -325,9 +407,27 @@ def main() -> None:
             if small and big:
                 unrolled.append(extrapolate(small, big, get_preset(model).n_layers,
                                             get_preset(model).num_params))
+        text = markdown(results, unrolled, pending)
+        lt = [r for model, slice_name in args.long_tail
+              for pick in [next((c for c in results if (c["model"], c["slice"])
+                                 == (model, slice_name) and FAMILIES[c["setting"]] == "full"),
+                                None)] if pick
+              for r in long_tail(pick, args.kv_budgets, args.long_tail_slots)]
+        if lt:
+            store = json.load(open(path))
+            store["long_tail"] = lt
+            with open(path + ".tmp", "w") as f:
+                json.dump(store, f, indent=1)
+            os.replace(path + ".tmp", path)
+            text += "\n\n" + LONG_TAIL_INTRO + long_tail_markdown(lt) + "\n"
         with open(args.out + ".md", "w") as f:
-            f.write(markdown(results, unrolled, pending))
+            f.write(text)
 
+    if args.long_tail:  # from the stored compiles only: nothing is compiled
+        write_report()
+        text = open(args.out + ".md").read()
+        print(text[text.index("## Sampler time on long-tailed"):])
+        return
     for model in args.models:
         cfg = get_preset(model)
         for slice_name in args.slices:

@@ -49,3 +49,26 @@ def test_first_fitting_setting_is_reported_and_the_rest_are_pending():
     assert "| NO |" in rows[1] and "25.0 / 16" in rows[1]
     assert "Not compiled yet" in md and "gemma2-2b on v5e-8" in md
 
+
+
+def test_long_tail_sampler_time_table(monkeypatch):
+    """--long-tail: static vs refill rows per KV budget from a stored compile (small shapes
+    so the schedule is short)."""
+    import pytest
+    import roofline
+
+    if roofline.load_spec() is None:
+        pytest.skip("anchors' spec.json is not on this machine")
+    monkeypatch.setattr(tpu_plan, "ROWS_PROMPTS", 2)
+    monkeypatch.setattr(tpu_plan, "G", 4)
+    monkeypatch.setattr(tpu_plan, "PROMPT", 16)
+    monkeypatch.setattr(tpu_plan, "COMPLETION", 64)
+    lengths = tpu_plan.long_tail_lengths(8, 64)
+    assert len(lengths) == 8 and max(lengths) <= 64 and min(lengths) >= 1
+    rows = tpu_plan.long_tail(compile_entry("qwen2.5-7b", "v5e-8", "E", 10.0), [0.5], [4])
+    (row,) = rows
+    assert row["static"]["rows_at_once"] == 8 and row["refill_4"]["slots"] == 4
+    assert row["refill_4"]["useful_tokens"] == row["static"]["useful_tokens"] == sum(lengths)
+    table = tpu_plan.long_tail_markdown(rows)
+    assert "| qwen2.5-7b | v5e-8 | 0.5 | static | 8 x 1 |" in table
+    assert "| refill 4 | 4 slots |" in table

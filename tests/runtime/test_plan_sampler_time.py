@@ -1,0 +1,45 @@
+"""plan.sampler_time: the static batch against slot refill on per-row lengths (pure
+arithmetic, no TPU needed)."""
+import pytest
+
+from jaxrl_reason.models.config import get_preset
+from jaxrl_reason.runtime import plan
+
+CHIP = plan.Chip("test chip", 16 * plan.GiB, 1e12, 1e9)
+
+
+def test_stage_width():
+    assert [plan.stage_width(p, 16, 4) for p in (1, 4, 5, 16)] == [4, 4, 8, 16]
+    assert plan.stage_width(3, 10, 1) == 10
+
+
+def test_refill_schedule_by_hand():
+    # 2 slots, longest first: 5 and 3 start; slot 2 frees after 3 steps, refilled at step 4
+    # (refill every 2: steps 0, 2, 4, ...) with the 2-token row, which runs steps 4-5.
+    steps = plan.refill_schedule([2, 5, 3], slots=2, refill_every=2)
+    assert [busy for busy, _ in steps] == [2, 2, 2, 1, 2, 1]
+    assert [pos for _, pos in steps] == [1, 2, 3, 4, 5, 2]
+    with pytest.raises(ValueError, match="slots"):
+        plan.refill_schedule([1], slots=0, refill_every=1)
+
+
+def test_sampler_time_static_vs_refill():
+    cfg = get_preset("bench-tiny")
+    per_row = plan.kv_bytes_per_position(cfg, 4) * (8 + 16 - 1)
+    common = dict(prompt_len=8, num_prompts=2, chip=CHIP, n_dev=1, weight_bytes=1e6,
+                  cache_itemsize=4)
+    lengths = [16, 2, 2, 2, 2, 2, 2, 2]
+    static = plan.sampler_time(cfg, lengths, kv_budget_bytes=8 * per_row, **common)
+    assert (static["rows_at_once"], static["batches"], static["decode_steps"]) == (8, 1, 16)
+    assert static["occupancy"] == pytest.approx(30 / (8 * 16))
+    # Half the budget: the static batch runs twice, each to its longest row.
+    half = plan.sampler_time(cfg, lengths, kv_budget_bytes=4 * per_row, **common)
+    assert (half["rows_at_once"], half["batches"], half["decode_steps"]) == (4, 2, 18)
+    refill = plan.sampler_time(cfg, lengths, kv_budget_bytes=8 * per_row, slots=2,
+                               refill_every=1, **common)
+    assert refill["slots"] == 2 and refill["decode_steps"] == 16
+    assert refill["seconds"] < static["seconds"]
+    assert refill["kv_cache_bytes"] < static["kv_cache_bytes"]
+    assert refill["useful_tokens"] == static["useful_tokens"] == 30
+    with pytest.raises(ValueError, match="holds no row"):
+        plan.sampler_time(cfg, lengths, kv_budget_bytes=per_row / 2, **common)
