@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The commit before the verifier moved onto math-verify (the syntax-tree sympy verifier).
 DEFAULT_REV = "6a983c8"
 _FILES = ("math.py", "_latex.py", "_latex_structures.py", "_latex_sympy.py", "_sympy_worker.py",
-          "_sympy_tree.py", "_latex_verify.py", "base.py", "isolation.py")
-_OPTIONAL = ("_latex_structures.py", "_latex_sympy.py", "_latex_verify.py")  # not in every rev
+          "_sympy_child.py", "_sympy_tree.py", "_latex_verify.py", "base.py", "isolation.py")
+_OPTIONAL = ("_latex_structures.py", "_latex_sympy.py", "_latex_verify.py",
+             "_sympy_child.py")  # not in every rev
 
 
 def load_old_verifier(rev: str = DEFAULT_REV):

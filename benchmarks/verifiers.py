@@ -26,9 +26,11 @@ between the verifiers batch by batch (so a change of load on a shared machine hi
 
 Today's verifier prepares each batch before its calls (`correctness_prefetch`, run by
 `RewardPool`): the parent extracts and decides what it can, and the comparisons left go to
-worker jobs of many comparisons each, run first on the W threads; its calls then mostly find
-their verdicts decided, so its per-call latencies leave out those jobs, whose count, p99 wall
-time and the preparation time are reported beside (the batch's answers/s counts all of it).
+worker jobs of many comparisons each (one per sympy worker at once, whatever W), run first
+by the W threads; its calls then mostly find their verdicts decided, so its per-call
+latencies leave out those jobs. The prefetch tasks' count (a task runs one job or several at
+once), their p99 wall time and the preparation time are reported beside; the batch's
+answers/s counts all of it.
 
 The older verifiers are those of `--old-rev` (by default the syntax-tree sympy verifier that
 preceded math-verify; several revisions may be given), loaded from git next to today's by
@@ -37,7 +39,9 @@ bubblewrap with its own uid, no capabilities, new pid/net/mount namespaces) and 
 zygotes run as the trainer's own user). The older verifiers fork one job per comparison. Per
 verifier and mode, the zygotes' start-up (cold) and the rate of raw sympy comparisons
 (`SympyPool.compare` on distinct pairs from 2 threads, no string fast paths) are reported
-too, and the ratios of today's throughput and p99 to the older one's. The verdicts are
+too, and the ratios of today's throughput and p99 to the older one's; the JSON also keeps
+the machine's load average at the start and the end of the run (others' jobs on a shared
+machine slow every verifier; only ratios within one run compare). The verdicts are
 checked against the labels below (today's conventions: a tuple is not a column vector; `i`
 is a variable, as in latex2sympy), so a regression in correctness also shows up here; one
 known miss of today's verifier is kept labelled as the mathematics says (`x<1 \text{ or }
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import random
 import statistics
 import sys
@@ -239,8 +244,8 @@ def _run_workers(verifiers: dict, workers: int, args, clean, hostile) -> list[di
                 "p99_ms": 1e3 * _percentile(st["cold_lat"], 0.99),
                 "cached_answers_per_s": statistics.median(st["cached"]),
                 "cached_p99_ms": 1e3 * _percentile(st["cached_lat"], 0.99),
-                "prefetch_jobs": statistics.median(st["jobs"]),
-                "prefetch_job_p99_ms": 1e3 * _percentile(st["job_s"], 0.99),
+                "prefetch_tasks": statistics.median(st["jobs"]),
+                "prefetch_task_p99_ms": 1e3 * _percentile(st["job_s"], 0.99),
                 "prefetch_prepare_ms": 1e3 * statistics.median(st["prepare_s"] or [0.0]),
                 "mislabelled": st["mislabelled"],
                 "adversarial_batch_s": time.perf_counter() - t0,
@@ -289,6 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()
     start = time.perf_counter()
     from jaxrl_reason.rewards import _sympy_worker, get_reward
     import_s = time.perf_counter() - start
@@ -328,12 +334,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     ratios = _ratios(rows, "current") if len(fns) > 1 else []
     _print(import_s, modes, rows, ratios, args, clean, hostile)
+    print(f"load average (1, 5, 15 min) at the start {load_before}, at the end "
+          f"{os.getloadavg()}")
     out = {"command": "python benchmarks/verifiers.py " + " ".join(sys.argv[1:] if argv is None
                                                                    else argv),
            "import_s": import_s, "old_revs": revs, "isolation": modes,
            "clean_items": len(clean), "repeats": args.repeats,
            "adversarial_items": sum(want is None for _, _, want in hostile), "rows": rows,
-           "current_vs_old": ratios}
+           "current_vs_old": ratios,
+           "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()}}
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return out
@@ -401,9 +410,9 @@ def _print(import_s, modes, rows, ratios, args, clean, hostile) -> None:
               f"{r['mislabelled']} + {r['adversarial_mislabelled']} "
               f"| {r['adversarial_batch_s']:.2f} |")
     for r in rows:
-        if r["prefetch_jobs"]:
+        if r["prefetch_tasks"]:
             print(f"{r['verifier']} {r['isolation']} W={r['workers']} cold batch: "
-                  f"{r['prefetch_jobs']:.0f} prefetch jobs (p99 {r['prefetch_job_p99_ms']:.0f} "
+                  f"{r['prefetch_tasks']:.0f} prefetch tasks (p99 {r['prefetch_task_p99_ms']:.0f} "
                   f"ms), preparation {r['prefetch_prepare_ms']:.0f} ms before the calls")
     for q in ratios:
         print(f"current / {q['vs']} ({q['isolation']}, W={q['workers']}): answers/s cold "

@@ -56,8 +56,6 @@ _BOOTSTRAP = (
 )
 
 
-# ---------------------------------------------------------------------------- parent side
-
 
 def _valid(verdict, batch: bool) -> bool:
     """Whether `verdict` is one a job can give: True, False, None, "c" (and "u" in a

@@ -492,11 +492,13 @@ def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[
     """Prepare a batch of `correctness` calls (N completions, N examples, the reward's
     keyword options): extract and decide in the parent what it can, and return tasks
     (callables without arguments) that decide the rest in worker jobs of up to
-    `_BATCH_JOB_SIZE` comparisons each (`SympyPool.compare_many`; at least `workers` jobs
-    when there are that many comparisons), sorted by gold answer so a job parses each gold
-    once. `RewardPool` runs the tasks on its threads before the per-answer calls, which
-    then find their results (a comparison a job did not decide is run singly by its call).
-    Examples without an "answer" are left to the call (which raises)."""
+    `_BATCH_JOB_SIZE` comparisons each (`SympyPool.compare_many`), sorted by gold answer so
+    a job parses each gold once. There are at least as many jobs as the pool's `workers`
+    threads and as the sympy pool's workers (`_parallel_jobs`); with fewer threads than
+    jobs, a task runs several jobs at once. `RewardPool` runs the
+    tasks on its threads before the per-answer calls, which then find their results (a
+    comparison a job did not decide is run singly by its call). Examples without an
+    "answer" are left to the call (which raises)."""
     opts = verifier_options(**options)
     okey = _options_key(opts)
     prepared, requests = {}, {}
@@ -515,10 +517,32 @@ def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[
     ordered = sorted(requests.values(), key=lambda r: (r[1], r[0]))
     if not ordered:
         return []
-    jobs = max(min(max(1, workers), len(ordered)), -(-len(ordered) // _BATCH_JOB_SIZE))
+    workers = max(1, int(workers))
+    jobs = min(len(ordered), max(workers, _parallel_jobs()))
+    jobs = max(jobs, -(-len(ordered) // _BATCH_JOB_SIZE))
     size = -(-len(ordered) // jobs)
-    return [functools.partial(get_pool().compare_many, ordered[k:k + size],
-                              CORRECTNESS_TIMEOUT_S) for k in range(0, len(ordered), size)]
+    calls = [functools.partial(get_pool().compare_many, ordered[k:k + size],
+                               CORRECTNESS_TIMEOUT_S) for k in range(0, len(ordered), size)]
+    return [functools.partial(_side_by_side, calls[k::workers])
+            for k in range(min(workers, len(calls)))]
+
+
+def _parallel_jobs() -> int:
+    """How many sympy worker jobs run at once: one per worker of the pool (cores + 2, at
+    most 4), so that the cores stay busy while a job waits on a slow comparison."""
+    return max(1, get_pool().max_workers)
+
+
+def _side_by_side(calls: list) -> None:
+    """Run `calls` (callables) at the same time, each on a thread, and wait for all."""
+    threads = [threading.Thread(target=call, daemon=True) for call in calls[1:]]
+    for thread in threads:
+        thread.start()
+    try:
+        calls[0]()
+    finally:
+        for thread in threads:
+            thread.join()
 
 
 correctness.prefetch = correctness_prefetch

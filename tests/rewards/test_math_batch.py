@@ -97,3 +97,15 @@ def test_prefetch_skips_what_the_parent_decides_and_bad_examples():
     assert tasks == []  # integers, a missing answer and a missing key need no worker
     with pytest.raises(ValueError, match="no 'answer'"):
         math_reward.correctness("\\boxed{x}", {"prompt": "no answer key"})
+
+
+def test_one_thread_runs_one_job_per_sympy_worker_at_once(own_pool):
+    """With a single pool thread, the batch's comparisons still go to every sympy worker
+    at the same time (one task, several jobs side by side)."""
+    pool, requests = own_pool
+    items = build_items(64, 0.0, seed=5)
+    tasks = math_reward.correctness_prefetch([c for c, _, _ in items],
+                                             [e for _, e, _ in items], workers=1)
+    assert len(tasks) == 1
+    tasks[0]()
+    assert len(requests) == pool.max_workers == 2 and all(n > 1 for n in requests)
