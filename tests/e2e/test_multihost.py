@@ -11,16 +11,13 @@
 
 Every child runs in its own session and is killed (the whole group) when a sibling fails or
 the time limit passes, so a hung collective cannot hang CI; each launch asks the OS for a
-free coordinator port.
+free coordinator port (the launchers are in tests/cli_runs.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -28,86 +25,8 @@ import time
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARITH = os.path.join(REPO, "configs", "arith_grpo.py")
-RUN_FLAGS = ("--config.log.progress_bar=False", "--config.log.tensorboard=False",
-             "--config.eval.seeds=(0,)", "--config.eval.num_problems=8",
-             "--config.eval.batch_prompts=8")
-_DIST_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-             "JAX_LOCAL_DEVICE_IDS", "JAXRL_REASON_MULTIHOST", "TPU_WORKER_HOSTNAMES",
-             "MEGASCALE_COORDINATOR_ADDRESS")
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS's choice: no two launches share one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def child_env(devices: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""), **extra)
-    return env
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: it and its children
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def run_all(jobs: list[tuple[list[str], dict]], logs: list[str], timeout: float) -> None:
-    """Runs the commands together; all must exit 0 within `timeout` seconds. The first
-    failure (or the deadline) kills the rest; the error shows each log's tail."""
-    procs = []
-    try:
-        for (cmd, env), log in zip(jobs, logs):
-            with open(log, "w") as out:
-                procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + timeout
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if time.monotonic() > deadline:
-                failed = "timeout"
-            time.sleep(0.2)
-        if failed is None:
-            failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
-    finally:
-        for p in procs:
-            _kill(p)
-    if failed is not None:
-        tails = []
-        for i, log in enumerate(logs):
-            with open(log) as f:
-                lines = [line for line in f if not line.startswith("[Gloo]")]
-            tails.append(f"--- process {i} (exit {procs[i].returncode}):\n" + "".join(lines[-40:]))
-        raise AssertionError(f"multi-process run failed ({failed}):\n" + "\n".join(tails))
-
-
-def train_cmd(workdir, *args: str) -> list[str]:
-    return [sys.executable, "-m", "jaxrl_reason.cli", "train", "--config", f"{ARITH}:smoke",
-            "--workdir", str(workdir), *RUN_FLAGS, *args]
-
-
-def train_on_two_processes(workdir, logdir, *args: str, timeout: float = 900) -> None:
-    port = free_port()
-    jobs = [(train_cmd(workdir, *args,
-                       f"--config.distributed.coordinator_address=localhost:{port}",
-                       "--config.distributed.num_processes=2",
-                       f"--config.distributed.process_id={i}"), child_env(4))
-            for i in range(2)]
-    run_all(jobs, [str(logdir / f"p{i}.log") for i in range(2)], timeout)
-
-
-def train_on_one_process(workdir, logdir, *args: str, timeout: float = 900) -> None:
-    run_all([(train_cmd(workdir, *args), child_env(8))], [str(logdir / "single.log")], timeout)
+from cli_runs import (ARITH, assert_trained_alike, child_env, free_port, load_state, run_all,
+                      train_both_ways)
 
 
 def eval_cmd(workdir, data, out) -> list[str]:
@@ -206,37 +125,13 @@ def test_a_failing_process_does_not_hang_the_others(tmp_path):
 # --------------------------------------------------------------------------- training
 
 
-def read_metrics(workdir) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def load_state(step_dir) -> dict[str, np.ndarray]:
-    """Every array of a checkpoint step, as numpy, by tree path."""
-    import jax
-    import orbax.checkpoint as ocp
-    ckptr = ocp.PyTreeCheckpointer()
-    meta = ckptr.metadata(os.path.join(step_dir, "state"))
-    meta = getattr(meta, "item_metadata", meta)
-    meta = getattr(meta, "tree", meta)
-    args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), meta)
-    tree = ckptr.restore(os.path.join(step_dir, "state"),
-                         args=ocp.args.PyTreeRestore(restore_args=args))
-    return {jax.tree_util.keystr(p): np.asarray(x)
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{"multi": workdir, "single": workdir}: 2 RL steps, then resumed to 4, each way."""
     root = tmp_path_factory.mktemp("multihost")
-    out = {"multi": root / "multi", "single": root / "single"}
-    for i, extra in enumerate(([], ["--resume", "--config.rl.steps=4"])):
-        logdir = root / f"logs{i}"
-        logdir.mkdir()
-        train_on_two_processes(out["multi"], logdir, *extra)
-        train_on_one_process(out["single"], logdir, *extra)
-        with open(logdir / "p1.log") as f:  # process 1 prints nothing of its own
+    out = train_both_ways(ARITH, root)
+    for i in range(2):
+        with open(root / f"logs{i}" / "p1.log") as f:  # process 1 prints nothing of its own
             assert not [line for line in f if line.startswith(("[train]", "| ", "report:"))]
     data = root / "probe.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "answer": str(a + b)})
@@ -249,26 +144,9 @@ def runs(tmp_path_factory):
     return out
 
 
-NOT_COMPARED = ("time", "step_time_s")
-
-
 @pytest.mark.slow
 def test_two_processes_train_like_one(runs):
-    multi, single = read_metrics(runs["multi"]), read_metrics(runs["single"])
-    # Process 0 alone logged: one line per step, SFT once (the resume did not redo it).
-    assert [(m["phase"], m["step"]) for m in multi] == \
-        [("sft", s) for s in range(1, 5)] + [("rl", s) for s in range(1, 5)]
-    assert [(m["phase"], m["step"]) for m in single] == [(m["phase"], m["step"]) for m in multi]
-    for a, b in zip(multi, single):
-        keys = [k for k in a if k not in NOT_COMPARED and not k.startswith("time/")]
-        assert set(keys) == {k for k in b if k not in NOT_COMPARED and not k.startswith("time/")}
-        for k in keys:
-            where = f"{a['phase']} step {a['step']}: {k}"
-            if k in ("phase", "step") or k.startswith(("reward/", "completion/")) or k in (
-                    "accuracy", "format_rate", "frac_zero_variance_groups", "train_rows_frac"):
-                assert a[k] == b[k], where  # same sampled tokens, same rewards
-            else:
-                np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6, err_msg=where)
+    assert_trained_alike(runs)  # process 0 alone logged, one line per step
 
     with open(runs["multi"] / "eval.json") as f, open(runs["single"] / "eval.json") as g:
         assert json.load(f)["reports"] == json.load(g)["reports"]

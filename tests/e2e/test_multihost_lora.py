@@ -1,6 +1,6 @@
 """LoRA GRPO multi-host for real, on one machine: 2 processes x 4 CPU devices joined by
-`jax.distributed` on localhost, against 1 process x 8 devices (launchers from
-`test_multihost.py`).
+`jax.distributed` on localhost, against 1 process x 8 devices (launchers in
+tests/cli_runs.py, shared with `test_multihost.py`).
 
 `test_lora_on_two_processes_trains_like_one` (slow, ~6 min): `jaxrl-reason train` of
 configs/arith_grpo_lora.py:smoke with an int8 base, LoRA dropout 0.1 and a KL to the
@@ -20,66 +20,23 @@ import os
 import numpy as np
 import pytest
 
-import sys
-
-from test_multihost import (NOT_COMPARED, REPO, RUN_FLAGS, child_env, free_port, load_state,
-                            read_metrics, run_all)
+from cli_runs import REPO, assert_trained_alike, load_state, train_both_ways
 
 LORA = os.path.join(REPO, "configs", "arith_grpo_lora.py")
 LORA_FLAGS = ("--config.model.lora.base_quant=int8", "--config.model.lora.dropout=0.1",
               "--config.rl.beta=0.04")
 
 
-def _cmd(workdir, *args: str) -> list[str]:
-    return [sys.executable, "-m", "jaxrl_reason.cli", "train", "--config", f"{LORA}:smoke",
-            "--workdir", str(workdir), *RUN_FLAGS, *LORA_FLAGS, *args]
-
-
-def _two_processes(workdir, logdir, *args: str) -> None:
-    port = free_port()
-    jobs = [(_cmd(workdir, *args, f"--config.distributed.coordinator_address=localhost:{port}",
-                  "--config.distributed.num_processes=2",
-                  f"--config.distributed.process_id={i}"), child_env(4))
-            for i in range(2)]
-    run_all(jobs, [str(logdir / f"p{i}.log") for i in range(2)], timeout=1200)
-
-
-def _one_process(workdir, logdir, *args: str) -> None:
-    run_all([(_cmd(workdir, *args), child_env(8))], [str(logdir / "single.log")], timeout=1200)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{"multi": workdir, "single": workdir}: 2 RL steps, then resumed to 4, each way."""
-    root = tmp_path_factory.mktemp("multihost_lora")
-    out = {"multi": root / "multi", "single": root / "single"}
-    for i, extra in enumerate(([], ["--resume", "--config.rl.steps=4"])):
-        logdir = root / f"logs{i}"
-        logdir.mkdir()
-        _two_processes(out["multi"], logdir, *extra)
-        _one_process(out["single"], logdir, *extra)
-    return out
-
-
-def _close(a: dict, b: dict, where: str) -> None:
-    keys = [k for k in a if k not in NOT_COMPARED and not k.startswith("time/")]
-    assert set(keys) == {k for k in b if k not in NOT_COMPARED and not k.startswith("time/")}
-    for k in keys:
-        if k in ("phase", "step") or k.startswith(("reward/", "completion/")) or k in (
-                "accuracy", "format_rate", "frac_zero_variance_groups", "train_rows_frac"):
-            assert a[k] == b[k], f"{where}: {k}"  # same sampled tokens, same rewards
-        else:
-            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6, err_msg=f"{where}: {k}")
+    return train_both_ways(LORA, tmp_path_factory.mktemp("multihost_lora"), *LORA_FLAGS,
+                           timeout=1200)
 
 
 @pytest.mark.slow
 def test_lora_on_two_processes_trains_like_one(runs):
-    multi, single = read_metrics(runs["multi"]), read_metrics(runs["single"])
-    assert [(m["phase"], m["step"]) for m in multi] == \
-        [("sft", s) for s in range(1, 5)] + [("rl", s) for s in range(1, 5)]
-    assert [(m["phase"], m["step"]) for m in single] == [(m["phase"], m["step"]) for m in multi]
-    for a, b in zip(multi, single):
-        _close(a, b, f"{a['phase']} step {a['step']}")
+    multi, _ = assert_trained_alike(runs)
     rl = [m for m in multi if m["phase"] == "rl"]
     assert rl[0]["kl"] == 0.0 and any(m["kl"] > 0 for m in rl[1:])  # base = reference
 

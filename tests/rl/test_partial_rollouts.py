@@ -9,24 +9,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cli_runs import ARITH, load_config
-from trainer_support import BASE, MAX_NEW, REPO, SMOKE, tree_equal
+from cli_runs import ARITH, final_params, load_config, metrics_by_step, train_until_killed
+from trainer_support import BASE, MAX_NEW, SMOKE, tree_equal
 from jaxrl_reason.cli import parse
 from jaxrl_reason.config.validation import validate_config
 from jaxrl_reason.models.params import init_params
-from jaxrl_reason.checkpoints.phases import load_params
 from jaxrl_reason.rl.trainer import RLTrainer
-from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.runtime.metrics import MetricsWriter
 from jaxrl_reason.sampling.continuation import Continuation
 from jaxrl_reason.sampling.filters import per_row_keys
@@ -208,35 +202,17 @@ def _train(workdir, *extra, kill_after_checkpoint=None):
     exit code (None when killed) and the output."""
     args = ["--config", SMOKE, "--config.log.progress_bar=False", "--config.sft.steps=2",
             "--config.rl.steps=6", "--config.checkpoint.every_steps=1",
-            "--config.log.tensorboard=False", *partial_flags(8)]
-    cmd = [sys.executable, "-m", "jaxrl_reason.cli", "train", "--workdir", str(workdir),
-           *args, *extra]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    log = open(os.path.join(os.path.dirname(workdir), "log.txt"), "a+")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if kill_after_checkpoint is not None:
-        target = os.path.join(str(workdir), "checkpoints", "rl", str(kill_after_checkpoint))
-        deadline = time.time() + 900
-        while proc.poll() is None and not os.path.isdir(target) and time.time() < deadline:
-            time.sleep(0.05)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return None, ""
-    proc.wait(timeout=900)
-    log.seek(0)
-    return proc.returncode, log.read()
+            "--config.log.tensorboard=False", *partial_flags(8), *extra]
+    if kill_after_checkpoint is None:
+        return train_until_killed(workdir, args, timeout=900)
+    target = os.path.join(str(workdir), "checkpoints", "rl", str(kill_after_checkpoint))
+    return train_until_killed(workdir, args, kill_when=lambda: os.path.isdir(target),
+                              timeout=900)
 
 
 def _rl_metrics(workdir):
     """{step: RL metrics without wall times}."""
-    out = {}
-    for line in open(os.path.join(str(workdir), "metrics.jsonl")):
-        record = json.loads(line)
-        if record.pop("phase") == "rl":
-            out[record.pop("step")] = {k: v for k, v in record.items()
-                                       if k != "time" and not k.startswith("time/")}
-    return out
+    return {step: m for (phase, step), m in metrics_by_step(workdir).items() if phase == "rl"}
 
 
 @pytest.mark.slow  # two CLI runs, a few minutes
@@ -256,7 +232,4 @@ def test_sigkill_with_pending_rows_then_resume_is_bit_identical(tmp_path):
         assert got[step] == want[step], step
     reports = [json.load(open(d / "eval.json"))["reports"] for d in (clean, chaos)]
     assert reports[0] == reports[1]
-    mesh = shd.make_mesh({"data": -1}, jax.devices()[:1])
-    final = [jax.device_get(load_params(str(d), mesh, shd.DEFAULT_RULES)[0])
-             for d in (clean, chaos)]
-    assert tree_equal(*final)
+    assert tree_equal(*(final_params(d) for d in (clean, chaos)))
