@@ -441,7 +441,8 @@ def _prepare(completion: str, gold: str, opts: dict) -> Verdict | tuple | None:
 
 
 # Parent-side results of the batch `correctness_prefetch` last prepared, (completion, gold,
-# options) -> `_prepare`'s result, taken by the `correctness` calls that follow.
+# options) -> `_prepare`'s result, read by the `correctness` calls that follow (a repeated
+# completion too); the next prefetch replaces them, so they hold one batch at most.
 _PREPARED: dict = {}
 _PREPARED_LOCK = threading.Lock()
 _MISSING = object()
@@ -476,7 +477,7 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     deadline = time.monotonic() + CORRECTNESS_TIMEOUT_S
     key = (completion, gold, _options_key(opts))
     with _PREPARED_LOCK:
-        prepared = _PREPARED.pop(key, _MISSING)
+        prepared = _PREPARED.get(key, _MISSING)
     if prepared is _MISSING:  # not prepared by a batch prefetch
         prepared = _prepare(completion, gold, opts)
     if prepared is None:

@@ -247,6 +247,27 @@ def _prefetch(fns: list[tuple[str, RewardFunction]], completions: list[str],
     return tasks
 
 
+def _prefetch_within(batch: _Batch, workers: int, timeout_s: float) -> list:
+    """`_prefetch` of `batch` on a thread of its own, waited for at most `timeout_s` (the
+    coordinator must not hang on a reward's preparation); [] when it takes longer (the
+    thread is abandoned and the calls do all the work)."""
+    out: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out.extend(_prefetch(batch.fns, batch.completions, batch.examples, workers))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="reward-pool-prefetch", daemon=True).start()
+    if not done.wait(timeout_s):
+        _log.warning("reward prefetch took more than %.1fs; batch scored without it",
+                     timeout_s)
+        return []
+    return list(out)
+
+
 def _run_task(task) -> None:
     """Run one prefetch task; a failure only costs its speed-up (logged)."""
     try:
@@ -432,8 +453,7 @@ class RewardPool:
             if not future.set_running_or_notify_cancel():
                 continue
             start = time.perf_counter()
-            batch.tasks = _prefetch(batch.fns, batch.completions, batch.examples,
-                                    self.num_workers)
+            batch.tasks = _prefetch_within(batch, self.num_workers, self.timeout_s)
             for _ in range(self.num_workers):
                 self._jobs.put(batch)
             if not batch.done.wait(max(0.0, self.timeout_s - (time.perf_counter() - start))):

@@ -109,3 +109,35 @@ def test_one_thread_runs_one_job_per_sympy_worker_at_once(own_pool):
     assert len(tasks) == 1
     tasks[0]()
     assert len(requests) == pool.max_workers == 2 and all(n > 1 for n in requests)
+
+
+_HANG = []
+
+
+@register_reward("_test_prefetch_hangs")
+def _prefetch_hangs(completion, example):
+    return 1.0
+
+
+def _hanging(*args, **kwargs):
+    import threading
+
+    event = threading.Event()
+    _HANG.append(event)
+    event.wait(30.0)
+    return []
+
+
+_prefetch_hangs.prefetch = _hanging
+
+
+def test_a_hanging_prefetch_does_not_hang_the_pool():
+    import time
+
+    start = time.monotonic()
+    with RewardPool({"_test_prefetch_hangs": 1.0}, num_workers=2, timeout_s=1.0) as pool:
+        out = pool.score(["a", "b"], [{"answer": "x"}] * 2)
+    _HANG[0].set()
+    assert time.monotonic() - start < 10.0
+    assert out.components["_test_prefetch_hangs"].tolist() == [0.0, 0.0]
+    assert out.reasons["_test_prefetch_hangs/timeout"] == 2
