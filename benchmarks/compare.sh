@@ -7,6 +7,7 @@
 #   REUSE=1 OUT=DIR bash benchmarks/compare.sh   # only the table, from DIR's earlier results
 #   LONG_TAIL=1 bash benchmarks/compare.sh       # only the long_tail rows, ~20 min on 1 core
 #   LONG_TAIL=0 bash benchmarks/compare.sh       # without the long_tail rows
+#   LONG_TAIL=1 LONG_TAIL_ANCHORS=hf_continuous_batching bash benchmarks/compare.sh  # one anchor
 # long_tail (spec "long_tail", bench-tiny; each row stops at its own seeded length): ours is
 # benchmarks/sampler.py --workload long_tail (slot refill, and our static batch on the same
 # lengths in the same process); the anchors are tunix_sampler.py and hf_generate.py with the
@@ -35,6 +36,7 @@ QUICK=${QUICK:-0}
 REUSE=${REUSE:-0}
 RUN_ANCHORS=${RUN_ANCHORS:-1}
 LONG_TAIL=${LONG_TAIL:-all}   # 1: only the long_tail rows, 0: none, otherwise both
+LONG_TAIL_ANCHORS=" ${LONG_TAIL_ANCHORS:-tunix_sampler hf_generate hf_continuous_batching} "
 mkdir -p "$OUT"
 
 result_line() {  # result_line LOG -> the last RESULT_JSON payload of LOG (or nothing)
@@ -82,11 +84,14 @@ if [[ $REUSE != 1 && $LONG_TAIL != 0 ]]; then  # ours and the three anchors, in 
       --models bench-tiny
   fi
   if [[ $QUICK != 1 && $RUN_ANCHORS == 1 ]]; then
-    if [[ -x $TUNIX_PY ]]; then
+    wanted() { [[ $LONG_TAIL_ANCHORS == *" $1 "* ]]; }
+    if [[ -x $TUNIX_PY ]] && wanted tunix_sampler; then
       run anchor.tunix_sampler.long_tail "$TUNIX_PY" "$ANCHORS/tunix_sampler.py" bench-tiny \
         long_tail; fi
-    if [[ -x $HF_PY ]]; then
+    if [[ -x $HF_PY ]] && wanted hf_generate; then
       run anchor.hf_generate.long_tail "$HF_PY" "$ANCHORS/hf_generate.py" bench-tiny long_tail
+    fi
+    if [[ -x $HF_PY ]] && wanted hf_continuous_batching; then
       run anchor.hf_continuous_batching.long_tail "$HF_PY" \
         "$ANCHORS/hf_continuous_batching.py" bench-tiny
     fi
