@@ -245,7 +245,8 @@ def _run_workers(verifiers: dict, workers: int, args, clean, hostile) -> list[di
                 "cached_answers_per_s": statistics.median(st["cached"]),
                 "cached_p99_ms": 1e3 * _percentile(st["cached_lat"], 0.99),
                 "prefetch_tasks": statistics.median(st["jobs"]),
-                "prefetch_task_p99_ms": 1e3 * _percentile(st["job_s"], 0.99),
+                "prefetch_task_p99_ms": 1e3 * _percentile(st["job_s"], 0.99)
+                if st["job_s"] else None,
                 "prefetch_prepare_ms": 1e3 * statistics.median(st["prepare_s"] or [0.0]),
                 "mislabelled": st["mislabelled"],
                 "adversarial_batch_s": time.perf_counter() - t0,
