@@ -177,8 +177,8 @@ class SympyPool:
 
             isolate = isolation.available()
             if not isolate:
-                warnings.warn("sympy workers run WITHOUT OS isolation (bubblewrap or user "
-                              "namespaces unavailable); install bubblewrap", RuntimeWarning)
+                warnings.warn("sympy workers run WITHOUT OS isolation: "
+                              + isolation.unavailable_reason(), RuntimeWarning)
         self.isolate = bool(isolate)
         self.max_workers = max_workers
         self._idle: list[_Worker] = []

@@ -141,3 +141,15 @@ def test_a_hanging_prefetch_does_not_hang_the_pool():
     assert time.monotonic() - start < 10.0
     assert out.components["_test_prefetch_hangs"].tolist() == [0.0, 0.0]
     assert out.reasons["_test_prefetch_hangs/timeout"] == 2
+
+
+def test_unisolated_pool_warns_with_the_actual_reason(monkeypatch):
+    """The warning names what is missing (e.g. pyseccomp), not a fixed guess."""
+    from jaxrl_reason.rewards import isolation
+
+    monkeypatch.setattr(isolation, "available", lambda: False)
+    monkeypatch.setattr(isolation, "unavailable_reason", lambda: "pip install pyseccomp")
+    with pytest.warns(RuntimeWarning, match="WITHOUT OS isolation: pip install pyseccomp"):
+        pool = SympyPool(1)
+    assert pool.isolate is False
+    pool.shutdown()
