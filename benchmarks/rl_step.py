@@ -51,6 +51,8 @@ from jaxrl_reason.rl.batches import Rollout  # noqa: E402
 from jaxrl_reason.rl.partial import PartialRollouts, Pool, write_segment  # noqa: E402
 from jaxrl_reason.sampling.filters import per_row_keys  # noqa: E402
 from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn  # noqa: E402
+from jaxrl_reason.rl import packing  # noqa: E402
+from jaxrl_reason.rl.update import make_packed_logprob_fn  # noqa: E402
 from jaxrl_reason.sampling.sampler import Sampler, round_up  # noqa: E402
 from jaxrl_reason.runtime.train_state import (  # noqa: E402
     create_train_state, learning_rate_schedule, make_optimizer)
@@ -65,10 +67,10 @@ QUICK = {**WORKLOAD, "n_prompts_per_step": 2, "num_generations": 4, "prompt_len"
 # and lengths (32 prompts x 8 rows, 4 steps' worth, then again); max 512 new tokens.
 LONG_TAIL = {**WORKLOAD, "max_completion_length": 512, "dataset_size": 32, "timed_steps": 4,
              "max_num_seqs": 32, "refill_every": 8, "rollout_token_budget": 128,
-             "max_rollout_age": 4, "tis_cap": 2.0}
+             "max_rollout_age": 4, "tis_cap": 2.0, "pack_tokens": 768}
 LONG_TAIL_QUICK = {**QUICK, "max_completion_length": 16, "timed_steps": 2, "max_num_seqs": 4,
                    "refill_every": 4, "rollout_token_budget": 4, "max_rollout_age": 4,
-                   "tis_cap": 2.0}
+                   "tis_cap": 2.0, "pack_tokens": 64}
 
 
 def rl_config(w: dict):
@@ -207,8 +209,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", choices=("rl_step", "long_tail"), default="rl_step",
                     help="the spec's rl_step, or long_tail: static vs slot refill vs refill "
                          "+ partial rollouts on the long-tail lengths")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS,
-                    help="long_tail: only these variants")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS + ("packing",),
+                    help="long_tail: only these variants (packing: reference pass + update, "
+                         "padded against rl.packing)")
     ap.add_argument("--steps", type=int, help="long_tail: timed steps per variant")
     args = ap.parse_args(argv)
     spec = roofline.load_spec(args.spec)
@@ -541,6 +544,95 @@ def run_variant(name: str, w: dict, lengths: np.ndarray, variant: str, devices: 
     return result
 
 
+def packed_vs_padded(name: str, w: dict, lengths: np.ndarray, devices: int,
+                     pack_tokens: int, repeats: int = 3) -> dict:
+    """Reference pass plus update on the long-tail rows (each step's b * g of `lengths`,
+    seeded random ids), padded (RLTrainer's layout: the step's length bucket, a prompt per
+    group) against packed (rl.packing, `pack_tokens` per pack). Every shape is compiled
+    first; then per step the median of `repeats` calls (padded and packed alternating). Returns packed_s / padded_s (the
+    median over steps), the per-step medians, XLA's FLOPs per useful token (the compiled
+    programs' cost analysis over the sum of lengths) and the programs each compiled."""
+    b, g, tp = w["n_prompts_per_step"], w["num_generations"], w["prompt_len"]
+    rl, cfg = rl_config(w), models.get_preset(name)
+    mesh, rules = shd.make_mesh({"data": devices}, devices=jax.devices()[:devices]), shd.DEFAULT_RULES
+    model = Transformer(cfg)
+    params = models.init_params(cfg, jax.random.key(0), mesh, rules)
+    opt = make_optimizer(learning_rate_schedule(rl.learning_rate, 0, 1000, "constant"),
+                         weight_decay=0.0, max_grad_norm=rl.max_grad_norm)
+    packer = packing.Packer(pack_tokens, b * g, tp + rl.max_new_tokens - 1, devices,
+                            packing.shares_prompts(cfg))
+    logprob = {"padded": make_logprob_fn(model, rl.temperature, 1, mesh, rules),
+               "packed": make_packed_logprob_fn(model, rl.temperature, packer.share_prompts,
+                                                mesh, rules)}
+    update = {"padded": make_update_fn(model, opt, rl, mesh, rules, "reference"),
+              "packed": make_update_fn(model, opt, rl, mesh, rules, "reference", packed=True,
+                                       share_prompts=packer.share_prompts)}
+    states = {k: create_train_state(jax.tree.map(jnp.copy, params), opt) for k in update}
+    put = lambda x: shd.put_batch(mesh, rules, np.asarray(x))  # noqa: E731
+    rng = np.random.default_rng(0)
+    steps = []
+    for start in range(0, len(lengths) - b * g + 1, b * g):
+        n = np.asarray(lengths[start:start + b * g])
+        prompts = rng.integers(3, cfg.vocab_size, (b, tp)).astype(np.int32)
+        tokens = rng.integers(3, cfg.vocab_size, (b * g, rl.max_new_tokens)).astype(np.int32)
+        step = {"useful": int(n.sum())}
+        for kind in ("padded", "packed"):  # packed rows: the whole budget, as RLTrainer
+            length = (min(round_up(int(n.max()), rl.train_length_bucket), rl.max_new_tokens)
+                      if kind == "padded" else rl.max_new_tokens)
+            mask = put((np.arange(length)[None, :] < n[:, None]).astype(np.float32))
+            batch = {"advantages": put(rng.normal(size=b * g).astype(np.float32)),
+                     "num_sequences": np.float32(b * g), "num_tokens": np.float32(n.sum()),
+                     "beta": np.float32(rl.beta), "mask": mask, "loss_mask": mask,
+                     "sampler_logp": mask * 0, "ref_logp": mask * 0}
+            if kind == "padded":
+                args = (put(prompts), put(np.ones_like(prompts, bool)),
+                        put(tokens[:, :length]), mask)
+                batch.update(zip(("prompt_tokens", "prompt_valid", "completion_tokens"), args))
+            else:
+                packs = packer(prompts, np.ones_like(prompts, bool), tokens, n)
+                args = ({k: put(x) for k, x in packs.arrays().items()},)
+                batch.update(args[0])
+                step["packs"] = (packs.num_packs, int(packs.tokens.shape[0]))
+            step[kind] = (args, batch, tuple(np.shape(args[-1]["pack_tokens"] if kind ==
+                                                      "packed" else args[2])))
+        steps.append(step)
+
+    def run(kind, args, batch):
+        t0 = time.perf_counter()
+        ref = logprob[kind](params, *args)
+        states[kind], metrics = update[kind](states[kind], {**batch, "ref_logp": ref})
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - t0
+
+    def flops(fn, *args):  # XLA's count on the lowered program (no second compile)
+        analysis = fn.lower(*args).cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        return float(analysis.get("flops", 0.0))
+
+    out = {"pack_tokens": pack_tokens, "pack_buckets": list(packer.buckets),
+           "packs_needed_per_step": [s["packs"][0] for s in steps],
+           "packs_per_step": [s["packs"][1] for s in steps]}
+    for kind in ("padded", "packed"):  # compile every shape first
+        for s in steps:
+            run(kind, *s[kind][:2])
+    times = {kind: [[] for _ in steps] for kind in ("padded", "packed")}
+    for i, s in enumerate(steps):  # alternating, so that both see the same machine load
+        for _ in range(repeats):
+            for kind in ("padded", "packed"):
+                times[kind][i].append(run(kind, *s[kind][:2]))
+    for kind in ("padded", "packed"):
+        per_step = [statistics.median(t) for t in times[kind]]
+        per_token = [(flops(logprob[kind], params, *s[kind][0])
+                      + flops(update[kind], states[kind], s[kind][1])) / s["useful"]
+                     for s in steps]
+        out[f"{kind}_s"] = round(statistics.median(per_step), 4)
+        out[f"{kind}_s_per_step"] = [round(t, 4) for t in per_step]
+        out[f"{kind}_flops_per_useful_token"] = round(statistics.median(per_token))
+        out[f"{kind}_programs"] = 2 * len({s[kind][2] for s in steps})  # log-prob + update
+    out["speedup"] = round(out["padded_s"] / out["packed_s"], 2)
+    return out
+
+
 def main_long_tail(args, spec: dict | None) -> int:
     """--workload long_tail: the three variants one after the other; one RESULT_JSON line."""
     from sampler import long_tail_workload  # the spec's long_tail prompts and lengths
@@ -564,13 +656,20 @@ def main_long_tail(args, spec: dict | None) -> int:
               "rows_per_step": b * g, "max_new_tokens": w["max_completion_length"],
               "devices": devices, "variants": {},
               "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
-    for variant in args.variants or VARIANTS:
+    chosen = args.variants or VARIANTS + ("packing",)
+    for variant in [v for v in chosen if v in VARIANTS]:
         r = run_variant(name, w, lengths, variant, devices)
         result["variants"][variant] = r
         print(f"{variant}: step {r['step_s_median']:.2f} s median ({r['step_s_median_no_compile']:.2f} s "
               f"without compiles), {r['trained_tok_s']:.0f} trained tok/s, KS(trained, "
               f"generated) {r['ks_trained_vs_generated']}; trained {r['trained_length']}, "
               f"generated {r['generated_length']}; load {os.getloadavg()[0]:.2f}", flush=True)
+    if "packing" in chosen:  # reference pass + update, padded against rl.packing
+        rows = w["n_prompts_per_step"] * w["num_generations"] * w["timed_steps"]
+        pk = packed_vs_padded(name, w, lengths[:rows], devices, w["pack_tokens"])
+        result.update(packed_s=pk["packed_s"], padded_s=pk["padded_s"], packing=pk)
+        print(f"packing: reference + update {pk['padded_s']:.3f} s padded, "
+              f"{pk['packed_s']:.3f} s packed ({pk['speedup']}x); {pk}", flush=True)
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mib"] = round(peak_rss_mib(), 1)
     print("RESULT_JSON " + json.dumps(result), flush=True)
