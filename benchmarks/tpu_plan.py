@@ -7,6 +7,8 @@
         --memory-only                             # LoRA and full fine-tuning on one v5e chip
     python benchmarks/tpu_plan.py --models qwen2.5-7b --slices v5e-4 --settings Q4 Q8 C E \
         --memory-only                             # QLoRA (nf4, int8 base) and full on v5e-4
+    python benchmarks/tpu_plan.py --long-tail qwen2.5-7b v5e-8   # sampler time, static vs
+                                  # slot refill, on long-tailed lengths (stored compiles only)
 
 Workload (issue 7): GRPO, G = 8 samples of 8 prompts (64 rows), 1,024-token prompts and
 4,096-token completions, beta = 0.04 (a reference model is resident), bf16 compute.
