@@ -161,3 +161,18 @@ def test_empty_batches_and_promptless_rows():
     with pytest.raises(ValueError, match="row 5 reads 2 completion tokens but its prompt 1 "
                                          "has no token"):
         packing.pack(prompt, valid, completion, lengths, 24)
+
+
+def test_config_validation_names_packing_problems():
+    from trainer_support import SMOKE
+    from jaxrl_reason.cli import parse
+    from jaxrl_reason.config.validation import validate_config
+
+    _, fv = parse(["jaxrl-reason", "train", "--config", SMOKE, "--config.rl.packing=True"])
+    config = fv.config
+    assert validate_config(config, 1) == []
+    config.rl.pack_tokens, config.rl.micro_batches = 40, 2
+    config.rl.advantage_estimator = "gae"
+    problems = "\n".join(validate_config(config, 1))
+    assert "rl.pack_tokens: 40 cannot hold the longest row, 63 tokens" in problems
+    assert "set rl.micro_batches=1" in problems and "advantage_estimator='gae'" in problems
