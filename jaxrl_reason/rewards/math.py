@@ -46,8 +46,10 @@ equivalent".
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -494,9 +496,9 @@ def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[
     keyword options): extract and decide in the parent what it can, and return tasks
     (callables without arguments) that decide the rest in worker jobs of up to
     `_BATCH_JOB_SIZE` comparisons each (`SympyPool.compare_many`), sorted by gold answer so
-    a job parses each gold once. There are at least as many jobs as the pool's `workers`
-    threads and as the sympy pool's workers (`_parallel_jobs`); with fewer threads than
-    jobs, a task runs several jobs at once. `RewardPool` runs the
+    a job parses each gold once. There are as many jobs as usable cores (`_parallel_jobs`,
+    at most the sympy pool's workers; more if a job would exceed `_BATCH_JOB_SIZE`); with
+    fewer `workers` threads than jobs, a task runs several jobs at once. `RewardPool` runs the
     tasks on its threads before the per-answer calls, which then find their results (a
     comparison a job did not decide is run singly by its call). Examples without an
     "answer" are left to the call (which raises)."""
@@ -519,19 +521,42 @@ def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[
     if not ordered:
         return []
     workers = max(1, int(workers))
-    jobs = min(len(ordered), max(workers, _parallel_jobs()))
+    jobs = min(len(ordered), _parallel_jobs())
     jobs = max(jobs, -(-len(ordered) // _BATCH_JOB_SIZE))
-    size = -(-len(ordered) // jobs)
-    calls = [functools.partial(get_pool().compare_many, ordered[k:k + size],
-                               CORRECTNESS_TIMEOUT_S) for k in range(0, len(ordered), size)]
+    parts = _deal_by_gold(ordered, jobs)
+    calls = [functools.partial(get_pool().compare_many, part, CORRECTNESS_TIMEOUT_S)
+             for part in parts]
     return [functools.partial(_side_by_side, calls[k::workers])
             for k in range(min(workers, len(calls)))]
 
 
+def _deal_by_gold(ordered: list, jobs: int) -> list[list]:
+    """Split requests sorted by gold (`(pred, gold, ...)` tuples) into `jobs` parts, each
+    cut into pieces of at most `_BATCH_JOB_SIZE`: each gold's requests stay together (a job parses a gold once) and the golds are dealt
+    round-robin, so that a run of costly answers of one kind spreads over the jobs (on two
+    idle cores: 2,071-2,119 answers/s against 1,879-1,904 for contiguous halves)."""
+    parts = [[] for _ in range(jobs)]
+    for k, (_, group) in enumerate(itertools.groupby(ordered, key=lambda r: r[1])):
+        parts[k % jobs].extend(group)
+    return [part[i:i + _BATCH_JOB_SIZE] for part in parts
+            for i in range(0, len(part), _BATCH_JOB_SIZE)]
+
+
+def _usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _parallel_jobs() -> int:
-    """How many sympy worker jobs run at once: one per worker of the pool (cores + 2, at
-    most 4), so that the cores stay busy while a job waits on a slow comparison."""
-    return max(1, get_pool().max_workers)
+    """How many sympy worker jobs a batch is split into: one per usable core, at most the
+    pool's workers. Jobs beyond the cores only add forks and cold caches (math-verify's
+    parsers fill theirs as a job goes): on one idle core, 512 answers in 1 job ran at 1,160
+    answers/s against 882 in 4. A slow comparison holds up only its own job's rest until
+    its deadline, after which they are rerun singly."""
+    return max(1, min(get_pool().max_workers, _usable_cores()))
 
 
 def _side_by_side(calls: list) -> None:

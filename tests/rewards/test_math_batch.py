@@ -99,16 +99,19 @@ def test_prefetch_skips_what_the_parent_decides_and_bad_examples():
         math_reward.correctness("\\boxed{x}", {"prompt": "no answer key"})
 
 
-def test_one_thread_runs_one_job_per_sympy_worker_at_once(own_pool):
-    """With a single pool thread, the batch's comparisons still go to every sympy worker
-    at the same time (one task, several jobs side by side)."""
+@pytest.mark.parametrize("cores, jobs", [(1, 1), (2, 2), (8, 2)])
+def test_one_thread_runs_one_job_per_usable_core_at_once(own_pool, monkeypatch, cores, jobs):
+    """With a single pool thread, the batch's comparisons still go to one job per usable
+    core at the same time (one task, several jobs side by side), at most one per sympy
+    worker."""
+    monkeypatch.setattr(math_reward, "_usable_cores", lambda: cores)
     pool, requests = own_pool
     items = build_items(64, 0.0, seed=5)
     tasks = math_reward.correctness_prefetch([c for c, _, _ in items],
                                              [e for _, e, _ in items], workers=1)
     assert len(tasks) == 1
     tasks[0]()
-    assert len(requests) == pool.max_workers == 2 and all(n > 1 for n in requests)
+    assert pool.max_workers == 2 and len(requests) == jobs and all(n > 1 for n in requests)
 
 
 _HANG = []
@@ -153,3 +156,15 @@ def test_unisolated_pool_warns_with_the_actual_reason(monkeypatch):
         pool = SympyPool(1)
     assert pool.isolate is False
     pool.shutdown()
+
+
+def test_jobs_keep_each_gold_together_deal_golds_round_robin_and_stay_bounded():
+    ordered = [(f"p{k}", gold, "mv", 0.0, {}) for gold, n in (("a", 3), ("b", 1), ("c", 2))
+               for k in range(n)]
+    parts = math_reward._deal_by_gold(ordered, 2)
+    assert [[r[1] for r in part] for part in parts] == [["a", "a", "a", "c", "c"], ["b"]]
+    big = [(f"p{k}", "g", "mv", 0.0, {}) for k in range(2 * math_reward._BATCH_JOB_SIZE + 1)]
+    sizes = [len(part) for part in math_reward._deal_by_gold(big, 2)]
+    assert sizes == [math_reward._BATCH_JOB_SIZE, math_reward._BATCH_JOB_SIZE, 1]
+    assert sorted(r for part in math_reward._deal_by_gold(ordered, 3) for r in part) == \
+        sorted(ordered)
