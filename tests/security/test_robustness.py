@@ -185,7 +185,7 @@ distributed.sync("done")
 
 
 def test_multi_host_job_takes_the_lock_once_and_fails_together(tmp_path):
-    from test_multihost import child_env, free_port, run_all
+    from cli_runs import child_env, free_port, run_all
 
     script = tmp_path / "job.py"
     script.write_text(_JOB)
@@ -358,7 +358,7 @@ def test_eval_report_names_the_step_after_a_fallback(tmp_path, capsys):
     from jaxrl_reason.runtime.build import build_runtime
     from jaxrl_reason.runtime.train_state import create_train_state, make_optimizer
 
-    from test_checkpointing import damage  # noqa: E402 (tests/ is on sys.path)
+    from checkpoint_damage import damage
 
     config = load_config(ARITH)
     workdir = tmp_path / "run"
