@@ -171,7 +171,7 @@ def test_long_tail_benchmark_accounting():
                              max_new_tokens=16, warmup_calls=0, timed_calls=1)
     spec["long_tail"]["lengths"].update(median=5, min=2, max=16)
     args = argparse.Namespace(spec_data=spec, cache_dtype=None, decode_stages=2, devices=1,
-                              slots=4, refill_every=2, sweep_refill_every=[1])
+                              slots=4, refill_every=2, sweep_refill_every=[1], quick=False)
     r = bench.long_tail("test", args)
     lengths = bench.long_tail_lengths(spec)
     assert r["useful_tokens"] == lengths.sum() and r["rows"] == 8
