@@ -49,7 +49,6 @@ from jaxrl_reason.rl import backends as kernel_dispatch  # noqa: E402
 from jaxrl_reason.models.transformer import Transformer  # noqa: E402
 from jaxrl_reason.rl.batches import Rollout  # noqa: E402
 from jaxrl_reason.rl.partial import PartialRollouts, Pool, write_segment  # noqa: E402
-from jaxrl_reason.sampling.filters import per_row_keys  # noqa: E402
 from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn  # noqa: E402
 from jaxrl_reason.rl import packing  # noqa: E402
 from jaxrl_reason.rl.update import make_packed_logprob_fn  # noqa: E402
@@ -396,13 +395,7 @@ class CappedPartial(PartialRollouts):
                          top_k=rl.top_k)
         host = jax.device_get({"tokens": out.tokens, "logprobs": out.logprobs,
                                "lengths": out.lengths, "truncated": out.truncated})
-        n = len(examples) * g
-        pool = Pool.empty(self.max_len, self.key_words, self.pad_id, len(examples), g)
-        pool.examples = list(examples)
-        pool.birth[:] = step
-        pool.keys[:] = np.asarray(jax.random.key_data(
-            per_row_keys(rng, jnp.arange(n, dtype=jnp.int32))))
-        write_segment(pool, np.arange(n), host, step)
+        pool = self.new_pool(examples, rng, host, step)
         pool.eos |= pool.lengths >= targets
         return pool
 

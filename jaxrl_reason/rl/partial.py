@@ -211,13 +211,19 @@ class PartialRollouts:
                          temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
         host = distributed.to_host({"tokens": out.tokens, "logprobs": out.logprobs,
                                     "lengths": out.lengths, "truncated": out.truncated})
-        n = len(examples) * g
-        pool = Pool.empty(self.max_len, self.key_words, self.pad_id, len(examples), g)
+        return self.new_pool(examples, rng, host, step)
+
+    def new_pool(self, examples: list, rng, first: dict, step: int) -> Pool:
+        """The pool of `examples`' groups holding their first segments `first` (host arrays
+        tokens/logprobs [N, S], lengths int32 [N], truncated bool [N], N = len(examples) *
+        G), each row's key derived from `rng` as the sampler derives it."""
+        n = len(examples) * self.group
+        pool = Pool.empty(self.max_len, self.key_words, self.pad_id, len(examples), self.group)
         pool.examples = list(examples)
         pool.birth[:] = step
         pool.keys[:] = np.asarray(jax.random.key_data(
             per_row_keys(rng, jnp.arange(n, dtype=jnp.int32))))
-        write_segment(pool, np.arange(n), host, step)
+        write_segment(pool, np.arange(n), first, step)
         return pool
 
     def host(self, trained: Pool) -> dict[str, np.ndarray]:
