@@ -51,7 +51,7 @@ class Collected:
     metrics: dynamic sampling's ({} without it). times: the phase times in seconds.
     rollout: the update batch of all N rows, or None. ref_logp: the reference's log-probs
     f32 [N, L] on the mesh (None without a reference). sampler_logp: f32 [N, L] on the mesh,
-    or None.
+    or None. packs: with rl.packing, the packs of all N rows on the mesh (made once), or None.
     """
     examples: list
     host: dict
@@ -61,6 +61,7 @@ class Collected:
     rollout: Rollout | None = None
     ref_logp: jax.Array | None = None
     sampler_logp: jax.Array | None = None
+    packs: dict | None = None
 
     @property
     def num_rows(self) -> int:

@@ -390,7 +390,13 @@ class RLTrainer:
         with rl.packing the packed one."""
         if self.packer is None:
             return self.logprob_fn(params, *self._full_rollout(got).scoring_args())
-        return self.packed_logprob_fn(params, self._packs(got.host))
+        return self.packed_logprob_fn(params, self._all_packs(got))
+
+    def _all_packs(self, got: Collected) -> dict[str, jax.Array]:
+        """rl.packing: the packs of all N rows of `got` (made once, kept in `got.packs`)."""
+        if got.packs is None:
+            got.packs = self._packs(got.host)
+        return got.packs
 
     def _packs(self, host, keep: np.ndarray | None = None) -> dict[str, jax.Array]:
         """rl.packing: the packs (`packing.Packs.arrays`, on the mesh) of every row's train
@@ -500,7 +506,7 @@ class RLTrainer:
         if got.ref_logp is not None:
             batch["ref_logp"] = got.ref_logp
         if self.packer is not None:
-            batch.update(self._packs(host, keep))
+            batch.update(self._all_packs(got) if keep is None else self._packs(host, keep))
         if rl.num_iterations > 1:
             batch["old_logp"] = (
                 self.logprob_fn(self.state.params, *rollout.scoring_args())
