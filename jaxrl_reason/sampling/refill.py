@@ -44,33 +44,40 @@ def _batch_axis(x: jax.Array) -> int:
 def copy_prompts(cache, prompt_cache, prompt_ids: jax.Array, take: jax.Array):
     """The slots' cache with each taken slot's prompt columns replaced by its prompt's.
 
+    One gather of the prompts' KV and one scatter into the taken slots (the others'
+    indices are out of range and dropped).
+
     Args:
       cache: slot cache, leaves [..., S, K, C, hd]; prompt_cache: leaves [..., P, K, Tp, hd].
-      prompt_ids: int32 [S] prompt of each slot (any value where not taken).
+      prompt_ids: int32 [S] prompt of each slot (any value in [0, P) where not taken).
       take: bool [S] slots that take a new row.
     Returns: the cache, columns [0, Tp) of the taken slots overwritten.
     """
     def one(x, p):
-        width = p.shape[-2]
-        new = jnp.take(p, prompt_ids, axis=_batch_axis(p))
-        keep = take.reshape((-1, 1, 1, 1))
-        return x.at[..., :width, :].set(jnp.where(keep, new.astype(x.dtype), x[..., :width, :]))
+        axis = _batch_axis(p)
+        new = jnp.take(p, prompt_ids, axis=axis).astype(x.dtype)
+        target = jnp.where(take, jnp.arange(take.shape[0]), take.shape[0])
+        index = (slice(None),) * axis + (target, slice(None), slice(None, p.shape[-2]))
+        return x.at[index].set(new, mode="drop")
     return jax.tree.map(one, cache, prompt_cache)
 
 
 def move_scratch(cache, columns: jax.Array):
     """Copies each slot's scratch column (the last) to its column `columns[s]`.
 
-    Args: cache leaves [..., S, K, C, hd]; columns int32 [S] in [0, C - 1).
+    One scatter per leaf, of the scratch columns materialized first (a scatter whose
+    updates are read from its own operand makes XLA copy the whole cache). Columns out of
+    range (>= C) are dropped: a slot with nothing to move passes C.
+
+    Args: cache leaves [..., S, K, C, hd]; columns int32 [S], each in [0, C - 1) or >= C.
     Returns: the cache with those columns written (the scratch column unchanged).
     """
     def one(x):
         axis = _batch_axis(x)
-        scratch = x[..., -1:, :]
-
-        def put(slot, value, col):
-            return jax.lax.dynamic_update_slice_in_dim(slot, value, col, axis=-2)
-        return jax.vmap(put, in_axes=(axis, axis, 0), out_axes=axis)(x, scratch, columns)
+        scratch = jax.lax.optimization_barrier(jnp.moveaxis(x[..., -1, :], axis, 0))
+        index = (slice(None),) * axis + (jnp.arange(x.shape[axis]), slice(None), columns)
+        # The advanced indices lead the indexed shape: [S, ..., K, hd], as `scratch`.
+        return x.at[index].set(scratch.astype(x.dtype), mode="drop")
     return jax.tree.map(one, cache)
 
 
@@ -138,7 +145,8 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
            "lengths": jnp.zeros((rows,), jnp.int32), "eos": jnp.zeros((rows,), bool)}
     slot = {"row": jnp.full((slots,), -1, jnp.int32), "step": jnp.ones((slots,), jnp.int32),
             "last": jnp.zeros((slots,), jnp.int32), "pos0": jnp.zeros((slots,), jnp.int32),
-            "valid": jnp.zeros((slots, prompt_len), bool)}
+            "valid": jnp.zeros((slots, prompt_len), bool),
+            "pending": jnp.full((slots,), length, jnp.int32)}
     cache = sampler.constrain_cache(
         init_cache(sampler.model.cfg, slots, length, sampler.cache_dtype), slots, length)
 
@@ -166,7 +174,8 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
                 "step": jnp.where(take, 1, slot["step"]),
                 "last": jnp.where(take, first, slot["last"]),
                 "pos0": jnp.where(take, prompt_next[prompt], slot["pos0"]),
-                "valid": jnp.where(take[:, None], prompt_valid[prompt], slot["valid"])}
+                "valid": jnp.where(take[:, None], prompt_valid[prompt], slot["valid"]),
+                "pending": jnp.where(take, length, slot["pending"])}
         return out, slot, cache, queued + jnp.sum(take.astype(jnp.int32)), steps
 
     def can_refill(state):
@@ -175,50 +184,72 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
 
     def decode_step(width, state):
         """One token for every busy slot, attending over the cache's first `width` columns
-        (the cache passed has that many; its last is the scratch column)."""
+        (the cache passed has that many; its last is the scratch column). The scratch
+        column of the step before is first moved to its slot's column (`pending`): moving
+        it before the model writes the scratch, not after the attention read it, lets XLA
+        update the cache in place."""
         out, slot, cache, queued, steps = state
         busy = slot["row"] >= 0
         row = jnp.clip(slot["row"], 0, rows - 1)
         step = slot["step"]
+        cache = move_scratch(cache, slot["pending"])
         key_valid = slot_key_valid(slot["valid"], step, width)
         positions = (slot["pos0"] + step - 1)[:, None]
         logits, cache = apply(slot["last"][:, None], positions, key_valid, cache, width - 1)
-        cache = move_scratch(cache, jnp.minimum(prompt_len + step - 1, width - 2))
         cache = sampler.constrain_cache(cache, slots, width)
         new, new_lp = select(step_keys(row_keys[row], step), logits[:, 0])
         eos = sampler._is_stop(new)
         out = write(out, jnp.where(busy, row, rows), step, new, new_lp, eos)
         stopped = busy & (eos | (step + 1 >= budgets[row]))
         slot = dict(slot, row=jnp.where(stopped, -1, slot["row"]),
-                    step=jnp.where(busy, step + 1, step), last=new)
+                    step=jnp.where(busy, step + 1, step), last=new,
+                    pending=jnp.where(busy, prompt_len + step - 1, length))
         return out, slot, cache, queued, steps + 1
 
     def decode_chunk(width, state):
-        """Up to `chunk` decode steps on the cache's first `width` columns (a copy when
-        narrower than the cache, written back after): every busy slot's columns fit."""
-        out, slot, cache, queued, steps = state
-        narrow = jax.tree.map(lambda x: x[..., :width, :], cache)
-
+        """Up to `chunk` decode steps (fewer when every slot stops)."""
         def cond(carry):
             i, state = carry
             return (i < chunk) & jnp.any(state[1]["row"] >= 0)
 
-        _, (out, slot, narrow, queued, steps) = jax.lax.while_loop(
-            cond, lambda c: (c[0] + 1, decode_step(width, c[1])),
-            (jnp.int32(0), (out, slot, narrow, queued, steps)))
+        return jax.lax.while_loop(cond, lambda c: (c[0] + 1, decode_step(width, c[1])),
+                                  (jnp.int32(0), state))[1]
+
+    def width_index(state):
+        """Which of `widths` the next chunk needs: the narrowest whose columns below the
+        scratch hold every busy slot's columns through the chunk (a slot at step s feeds
+        up to column Tp + s + chunk - 2)."""
+        slot = state[1]
+        need = prompt_len + jnp.max(jnp.where(slot["row"] >= 0, slot["step"], 0)) + chunk
+        return jnp.minimum(jnp.sum((jnp.asarray(widths) < need).astype(jnp.int32)),
+                           len(widths) - 1)
+
+    def at_width(index, state):
+        """Chunks and refills on the cache's first `widths[index]` columns (a copy when
+        narrower than the cache, written back after) while that width is the one needed:
+        the copy is made once per change of width, not once per chunk."""
+        width = widths[index]
+        out, slot, cache, queued, steps = state
+        narrow = jax.tree.map(lambda x: x[..., :width, :], cache) if width < length else cache
+
+        def cond(state):
+            return pending(state) & (width_index(state) == index)
+
+        def body(state):
+            return jax.lax.while_loop(can_refill, refill_once, decode_chunk(width, state))
+
+        out, slot, narrow, queued, steps = jax.lax.while_loop(
+            cond, body, (out, slot, narrow, queued, steps))
+        narrow = move_scratch(narrow, slot["pending"])
+        slot = dict(slot, pending=jnp.full_like(slot["pending"], length))
         if width < length:
             narrow = jax.tree.map(lambda x, n: x.at[..., :width, :].set(n), cache, narrow)
         return out, slot, narrow, queued, steps
 
-    def run_chunk(state):
+    def run(state):
         state = jax.lax.while_loop(can_refill, refill_once, state)
-        # The narrowest width whose columns below the scratch hold every busy slot's
-        # columns through the chunk: a slot at step s feeds up to column Tp + s + chunk - 2.
-        slot = state[1]
-        need = prompt_len + jnp.max(jnp.where(slot["row"] >= 0, slot["step"], 0)) + chunk
-        branch = jnp.minimum(jnp.sum((jnp.asarray(widths) < need).astype(jnp.int32)),
-                             len(widths) - 1)
-        return jax.lax.switch(branch, [functools.partial(decode_chunk, w) for w in widths],
+        return jax.lax.switch(width_index(state),
+                              [functools.partial(at_width, i) for i in range(len(widths))],
                               state)
 
     def pending(state):
@@ -226,6 +257,6 @@ def generate(sampler, params, prompt_tokens, prompt_valid, rng, temperature, top
         return jnp.any(slot["row"] >= 0) | (queued < rows)
 
     state = (out, slot, cache, jnp.int32(0), jnp.int32(0))
-    out, _, _, _, steps = jax.lax.while_loop(pending, run_chunk, state)
+    out, _, _, _, steps = jax.lax.while_loop(pending, run, state)
     return SampleOutput(tokens=out["tokens"], logprobs=out["logprobs"],
                         lengths=out["lengths"], truncated=~out["eos"]), steps
