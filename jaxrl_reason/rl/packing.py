@@ -32,9 +32,11 @@ then its completions in increasing row order; segments are numbered 1, 2, ... in
 
 Any-fit bound: a pack is opened only for a row that fits in no open pack, so at most one
 pack is at most half full and K <= max(1, ceil(2 S / T)) for S tokens placed. `max_packs`
-bounds K over a run from its largest row; `pack_buckets` gives at most 4 pack counts
-(that bound halved 0 to 3 times, rounded up to a multiple of the data-parallel size), and
-`pack` pads K up to the smallest bucket that holds it: a run compiles at most 4 shapes.
+bounds K over a run from its largest row (M). A run's pack counts come from a fine ladder
+(`pack_ladder`: M divided by 2**(1/4) again and again, rounded up to a multiple of the
+data-parallel size), and `PackBuckets` picks at most 4 of its rungs as the batches come,
+M always among the allowed ones: a run compiles at most 4 shapes, and a batch pays for a
+rung (about 19 %) of empty packs at most, not for the next power of two.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 NUM_BUCKETS = 4
+LADDER_RATIO = 2 ** 0.25  # pack counts one rung apart differ by about 19 %
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +165,64 @@ def bucket_for(num_packs: int, buckets: tuple[int, ...]) -> int:
                      f"{buckets[-1]} (buckets {buckets})")
 
 
+def pack_ladder(most: int, multiple: int = 1, ratio: float = LADDER_RATIO) -> tuple[int, ...]:
+    """The pack counts a run may compile for: ceil(most / ratio**k) for k = 0, 1, ... down
+    to 1, each rounded up to a multiple of `multiple` (the data-parallel size),
+    deduplicated, increasing. The largest holds `most` packs."""
+    if most < 1 or multiple < 1 or ratio <= 1:
+        raise ValueError(f"packing: pack_ladder needs most >= 1, multiple >= 1 and ratio > 1, "
+                         f"got {most}, {multiple}, {ratio}")
+    sizes, size = set(), float(most)
+    while True:
+        sizes.add(-(-int(np.ceil(size - 1e-9)) // multiple) * multiple)
+        if size <= 1:
+            return tuple(sorted(sizes))
+        size = max(1.0, size / ratio)
+
+
+class PackBuckets:
+    """A run's pack counts: at most `count` rungs of `pack_ladder(most, multiple)`, chosen
+    as batches come (the same batches give the same choices on every process).
+
+    For a batch of K packs, with r the smallest rung >= K:
+      - an already chosen rung among r and the next one up is reused (the smallest);
+      - else, while fewer than count - 1 rungs below the top are chosen, a new one is:
+        r itself, or for the last free one the rung halfway (in rungs) between r and the
+        top, so that batches growing later still find a rung below the top;
+      - else the smallest chosen rung >= K, or the top (M, always allowed).
+    So at most `count` distinct sizes come out, each >= K and a multiple of `multiple`.
+    """
+
+    def __init__(self, most: int, multiple: int = 1, count: int = NUM_BUCKETS):
+        if count < 2:
+            raise ValueError(f"packing: PackBuckets needs count >= 2, got {count}")
+        self.ladder, self.count = pack_ladder(most, multiple), count
+        self.chosen: set[int] = set()  # rungs below the top picked so far
+        self.used: set[int] = set()  # every pack count returned so far (at most count)
+
+    def __call__(self, num_packs: int) -> int:
+        """The pack count (>= num_packs) a batch of `num_packs` packs is padded to."""
+        size = self._choose(num_packs)
+        self.used.add(size)
+        return size
+
+    def _choose(self, num_packs: int) -> int:
+        ladder, top = self.ladder, self.ladder[-1]
+        if num_packs > top:
+            raise ValueError(f"packing: {num_packs} packs exceed the largest pack bucket "
+                             f"{top} (ladder {ladder})")
+        i = next(k for k, size in enumerate(ladder) if size >= num_packs)
+        near = [size for size in ladder[i:i + 2] if size in self.chosen]
+        if near:
+            return near[0]
+        free = self.count - 1 - len(self.chosen - {top})
+        if free > 0:
+            size = ladder[i] if free > 1 else ladder[(i + len(ladder) - 1) // 2]
+            self.chosen.add(size)
+            return size
+        return min(size for size in self.chosen | {top} if size >= num_packs)
+
+
 def pack(prompt_tokens: np.ndarray, prompt_valid: np.ndarray, completion_tokens: np.ndarray,
          lengths: np.ndarray, pack_tokens: int, buckets: tuple[int, ...] | None = None,
          share_prompts: bool = True) -> Packs:
@@ -173,9 +234,10 @@ def pack(prompt_tokens: np.ndarray, prompt_valid: np.ndarray, completion_tokens:
         (G = 1: a prompt per row).
       completion_tokens: int32 [N, L]; lengths: int [N], the completion tokens each row reads
         (its mask is arange(L) < lengths).
-      pack_tokens: T. buckets: `pack_buckets`' sizes (None: exactly the packs needed).
+      pack_tokens: T. buckets: `pack_buckets`' sizes, a `PackBuckets` (any callable from
+        the packs needed to the pack count), or None (exactly the packs needed).
       share_prompts: a prompt once per pack for its group (True) or once per row (False).
-    Returns: `Packs` with K = bucket_for(packs needed, buckets).
+    Returns: `Packs` with K = bucket_for(packs needed, buckets) (or buckets(packs needed)).
     """
     prompt_tokens, prompt_valid = np.asarray(prompt_tokens), np.asarray(prompt_valid, bool)
     completion_tokens, lengths = np.asarray(completion_tokens), np.asarray(lengths, np.int64)
@@ -190,7 +252,8 @@ def pack(prompt_tokens: np.ndarray, prompt_valid: np.ndarray, completion_tokens:
     prompts = [row[valid] for row, valid in zip(prompt_tokens, prompt_valid)]
     rows_of = assign_packs(np.array([len(p) for p in prompts]), lengths, group, pack_tokens,
                            share_prompts)
-    k = len(rows_of) if buckets is None else bucket_for(len(rows_of), buckets)
+    k = (len(rows_of) if buckets is None else buckets(len(rows_of)) if callable(buckets)
+         else bucket_for(len(rows_of), buckets))
     out = {name: np.zeros((k, pack_tokens), np.int32)
            for name in ("tokens", "positions", "segments", "prompt_segments", "targets")}
     index = np.full((num_rows, length), -1, np.int32)
@@ -238,7 +301,8 @@ def unpack(packed: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 class Packer:
-    """The packer of a run: `pack` with the run's T, pack-count buckets and prompt sharing.
+    """The packer of a run: `pack` with the run's T, pack counts (`PackBuckets`) and prompt
+    sharing. `buckets`: the pack counts chosen so far (at most 4).
 
     Args:
       pack_tokens: T (rl.pack_tokens). num_rows: N, the rows of an update batch.
@@ -251,12 +315,17 @@ class Packer:
     def __init__(self, pack_tokens: int, num_rows: int, max_row_tokens: int, multiple: int,
                  share_prompts: bool):
         self.pack_tokens, self.share_prompts = int(pack_tokens), bool(share_prompts)
-        self.buckets = pack_buckets(max_packs(num_rows, max_row_tokens, pack_tokens), multiple)
+        self.counts = PackBuckets(max_packs(num_rows, max_row_tokens, pack_tokens), multiple)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The pack counts this run has used so far, increasing (at most 4)."""
+        return tuple(sorted(self.counts.used))
 
     def __call__(self, prompt_tokens, prompt_valid, completion_tokens, lengths) -> Packs:
-        """`pack` (same arguments) into this run's buckets."""
+        """`pack` (same arguments) into this run's pack counts."""
         return pack(prompt_tokens, prompt_valid, completion_tokens, lengths, self.pack_tokens,
-                    self.buckets, self.share_prompts)
+                    self.counts, self.share_prompts)
 
 
 def packer_for(config, model_cfg, data_parallel: int) -> Packer | None:

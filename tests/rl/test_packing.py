@@ -115,6 +115,45 @@ def test_buckets_are_at_most_four_and_hold_the_bound():
         packing.bucket_for(65, (8, 16, 32, 64))
 
 
+def test_the_ladder_is_fine_and_holds_the_bound():
+    assert packing.pack_ladder(64) == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 23, 27, 32,
+                                       39, 46, 54, 64)
+    assert packing.pack_ladder(64, 8) == (8, 16, 24, 32, 40, 48, 56, 64)
+    assert packing.pack_ladder(1) == (1,)
+    for most in (1, 3, 13, 100):
+        for multiple in (1, 2, 8):
+            ladder = packing.pack_ladder(most, multiple)
+            assert ladder[-1] >= most and all(b % multiple == 0 for b in ladder)
+            # neighbouring rungs differ by a rung's ratio at most (or one multiple)
+            assert all(b <= max(a + multiple, np.ceil(a * packing.LADDER_RATIO) + multiple)
+                       for a, b in zip(ladder, ladder[1:]))
+    with pytest.raises(ValueError, match="pack_ladder needs most >= 1"):
+        packing.pack_ladder(0)
+
+
+def test_pack_buckets_pick_tight_rungs_and_at_most_four():
+    counts = packing.PackBuckets(64)
+    # 12 and 13 packs get their own rungs, 11 reuses 12, the last free rung is halfway
+    # between 16 (the rung for 15) and 64, and beyond it everything goes to the top
+    assert [counts(k) for k in (12, 13, 11, 14, 15, 17, 33, 3)] == [12, 14, 12, 14, 32, 32,
+                                                                      64, 12]
+    assert counts.used == {12, 14, 32, 64}
+    with pytest.raises(ValueError, match="65 packs exceed the largest pack bucket 64"):
+        counts(65)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_buckets_never_exceed_four_sizes(seed):
+    rng = np.random.default_rng(seed)
+    for most, multiple in ((64, 1), (91, 8), (5, 2)):
+        counts, again = packing.PackBuckets(most, multiple), packing.PackBuckets(most, multiple)
+        needs = rng.integers(1, most + 1, 200)
+        sizes = [counts(int(k)) for k in needs]
+        assert all(size >= k and size % multiple == 0 for size, k in zip(sizes, needs))
+        assert 1 <= len(counts.used) <= 4 and set(sizes) == counts.used
+        assert [again(int(k)) for k in needs] == sizes  # the same batches, the same choices
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_packs_never_exceed_the_any_fit_bound(seed):
     rng = np.random.default_rng(seed)
