@@ -47,6 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.data = -1                        # data-parallel axis (-1: all remaining devices)
     c.mesh.fsdp = 1                         # parameter/optimizer sharding axis
     c.mesh.tensor = 1                       # tensor-parallel axis
+    c.mesh.context = 1                      # context parallelism: splits the packed sequence
     # On a CPU host: XLA devices to split it into (0 = auto: one per core, as many as the
     # batches split over; 1 = one device). Per-core devices run each core's rows as its own
     # program: faster for small models, a copy of the weights each (README "CPU devices").
@@ -56,6 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         ("batch", ("data", "fsdp")),        # examples over data and fsdp
         ("embed", "fsdp"),                  # weights' model dim over fsdp (ZeRO-3 style)
         ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("vocab", "tensor"),
+        ("length", "context"),              # training activations' sequence over context
     )
 
     c.tokenizer = ml_collections.ConfigDict()
@@ -198,7 +200,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.distributed.initialization_timeout = 300  # seconds to wait for every process to join
     # Multi-slice: slices (TPU; hosts elsewhere) each mesh axis spans over the data-center
     # network; the `mesh` sizes above stay global. All 1: one slice (ICI only).
-    c.distributed.dcn_mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+    c.distributed.dcn_mesh = ml_collections.ConfigDict(
+        {"data": 1, "fsdp": 1, "tensor": 1, "context": 1})
 
     c.guards = ml_collections.ConfigDict()
     c.guards.max_consecutive_skips = 5      # stop after this many non-finite updates in a row

@@ -202,6 +202,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
     problems += _packing_problems(config)
+    problems += _context_problems(config, num_devices)
     problems += _refill_problems(config, dp)
     problems += _partial_rollout_problems(config)
     bucket = _get(config, "rl.train_length_bucket")
@@ -249,6 +250,35 @@ def _packing_problems(config) -> list[str]:
         problems.append("rl.packing: the packed update runs one micro-batch; set "
                         "rl.micro_batches=1 (packs already bound the activations by "
                         "rl.pack_tokens)")
+    return problems
+
+
+def _context_problems(config, num_devices: int) -> list[str]:
+    """mesh.context (context parallelism): it must divide the devices, the sharding rules
+    must map the activations' "length" onto it, and the sequences it splits (the packs of
+    rl.packing, rl.pack_tokens tokens) must divide by it."""
+    context = _get(config, "mesh.context", 1)
+    if not isinstance(context, int) or isinstance(context, bool) or context < 1:
+        return [] if context == -1 else [
+            f"mesh.context: must be an int >= 1 (or -1), got {context!r}"]
+    if num_devices % context:
+        return [f"mesh.context: {context} does not divide the {num_devices} devices"]
+    if context == 1:
+        return []
+    rules = dict((name, axes) for name, axes in config.sharding_rules)
+    target = rules.get("length")
+    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    problems = []
+    if "context" not in axes:
+        problems.append(f"sharding_rules: mesh.context={context} needs the rule "
+                        f"('length', 'context'), got length -> {target!r}")
+    if not _get(config, "rl.packing", False):
+        problems.append(f"mesh.context: context parallelism ({context}) splits the packed "
+                        "training passes; set rl.packing=True")
+    tokens = _get(config, "rl.pack_tokens")
+    if isinstance(tokens, int) and tokens % context:
+        problems.append(f"rl.pack_tokens: {tokens} does not divide by mesh.context={context} "
+                        "(each context shard holds pack_tokens / context tokens)")
     return problems
 
 

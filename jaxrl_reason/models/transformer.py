@@ -44,7 +44,7 @@ from jaxrl_reason.models.attention import (attention_mask, causal_query_blocks, 
                                            scale_dim_of)
 from jaxrl_reason.models.matmul import cpu_float32 as _cpu_float32
 from jaxrl_reason.models.matmul import einsum_f32, narrow_transpose_matmul  # noqa: F401
-from jaxrl_reason.runtime.sharding import constrain
+from jaxrl_reason.runtime.sharding import constrain, unsharded_length
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
 CACHE_LOGICAL = ("batch", "kv_heads", "cache_length", "head_dim")
@@ -369,7 +369,19 @@ class Transformer(nn.Module):
                  prompt_segment_ids=None):
         """segment_ids: optional int32 [B, T] without a cache (packed rows: attention stays
         inside a segment; see `attention`); prompt_segment_ids: optional int32 [B, T], the
-        segment each token also attends to (packs sharing a group's prompt)."""
+        segment each token also attends to (packs sharing a group's prompt). Under a mesh
+        with a `context` axis the sequence of a call without a cache is split over it (see
+        `sharding`); a call with a cache keeps its sequence whole."""
+        if cache is not None:  # prefill/decode: no context parallelism (sampling unchanged)
+            with unsharded_length():
+                return self._forward(tokens, positions, key_valid, cache, cache_index,
+                                     return_hidden, segment_ids, prompt_segment_ids)
+        return self._forward(tokens, positions, key_valid, cache, cache_index, return_hidden,
+                             segment_ids, prompt_segment_ids)
+
+    def _forward(self, tokens, positions, key_valid, cache, cache_index, return_hidden,
+                 segment_ids, prompt_segment_ids):
+        """`__call__`'s body (its arguments, in its order)."""
         cfg = self.cfg
         x = jnp.take(self.embedding, tokens, axis=0).astype(jnp.dtype(cfg.dtype))
         if cfg.embed_scale:

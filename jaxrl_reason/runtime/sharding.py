@@ -2,8 +2,14 @@
 
 Layers name logical axes only (`embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `vocab`,
 `batch`, `length`, `cache_length`); a short list of rules in the config maps them onto the
-mesh axes `data`, `fsdp` and `tensor`. Sharding is data: changing the parallelism of a run
-is a config change.
+mesh axes `data`, `fsdp`, `tensor` and `context`. Sharding is data: changing the parallelism
+of a run is a config change.
+
+`context` (context parallelism) splits the sequence of the training-side passes: the rule
+("length", "context") shards the activations' length axis, and attention gathers the keys
+and values of the whole sequence along it (`models.attention`). A model call with a KV cache
+(prefill, decode, cached scoring) keeps its length axis unsharded (`unsharded_length`), so
+cp changes no sampling program.
 
 The mesh uses `AxisType.Auto` axes: arrays carry `NamedSharding`s and XLA's SPMD partitioner
 propagates them through the jitted programs, so model code needs no explicit sharding types.
@@ -23,10 +29,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "context")
+CONTEXT_AXIS = "context"
 
 # Default logical-axis rules: batch over data+fsdp, weights' embed dim over fsdp (ZeRO-3
-# style), heads/mlp/vocab over tensor. Anything not listed is replicated.
+# style), heads/mlp/vocab over tensor, the activations' sequence over context (a no-op at the
+# default context size 1). Anything not listed is replicated.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
     ("embed", "fsdp"),
@@ -35,7 +43,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("kv_heads", "tensor"),
     ("vocab", "tensor"),
     ("head_dim", None),
-    ("length", None),
+    ("length", "context"),
     ("cache_length", None),
 )
 
@@ -70,11 +78,11 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None,
               dcn: Mapping[str, int] | None = None) -> Mesh:
-    """Builds a Mesh with axes ("data", "fsdp", "tensor") and Auto axis types.
+    """Builds a Mesh with axes ("data", "fsdp", "tensor", "context") and Auto axis types.
 
     Args:
-      shape: global axis sizes, e.g. {"data": -1, "fsdp": 1, "tensor": 1}; -1 takes all
-        remaining devices.
+      shape: global axis sizes, e.g. {"data": -1, "fsdp": 1, "tensor": 1, "context": 1}; -1
+        takes all remaining devices; a missing axis has size 1.
       devices: defaults to `jax.devices()`: the devices of every process on multi-host, in
         process order, so one slice's (or host's) devices are contiguous along the outermost
         axis that is split over processes.
@@ -273,6 +281,32 @@ def activation_context() -> tuple[Mesh, tuple] | None:
     """(mesh, rules) of the innermost `activation_sharding` context, or None outside one
     (for code that must lay out a computation by hand, e.g. a kernel under `shard_map`)."""
     return _ACTIVATION_CONTEXT.get()
+
+
+def context_parallel_size(mesh: Mesh, rules: Iterable[tuple[str, Any]]) -> int:
+    """Number of shards the `length` logical axis (the training passes' sequence) is split
+    into on `mesh` by `rules`: the product of its mesh axes' sizes (1 without a rule)."""
+    target = dict(rules).get("length")
+    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+@contextlib.contextmanager
+def unsharded_length():
+    """While tracing inside this context, the `length` logical axis is replicated by
+    `constrain` (the model's calls with a KV cache: prefill and decode stay as they are
+    under context parallelism). A no-op outside an `activation_sharding` context."""
+    ctx = _ACTIVATION_CONTEXT.get()
+    if ctx is None:
+        yield
+        return
+    mesh, rules = ctx
+    token = _ACTIVATION_CONTEXT.set(
+        (mesh, tuple((n, None if n == "length" else a) for n, a in rules)))
+    try:
+        yield
+    finally:
+        _ACTIVATION_CONTEXT.reset(token)
 
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:

@@ -150,11 +150,11 @@ def test_hybrid_mesh_puts_each_process_on_one_part_of_the_dcn_axis():
 
 
 def test_dcn_mesh_shape_is_checked_and_all_ones_is_the_plain_mesh():
-    assert shd.resolve_dcn_shape({"data": 2}, (8, 1, 1)) == (2, 1, 1)
+    assert shd.resolve_dcn_shape({"data": 2}, (8, 1, 1, 1)) == (2, 1, 1, 1)
     with pytest.raises(ValueError, match="dcn_mesh: fsdp=3"):
-        shd.resolve_dcn_shape({"fsdp": 3}, (4, 2, 1))
+        shd.resolve_dcn_shape({"fsdp": 3}, (4, 2, 1, 1))
     with pytest.raises(ValueError, match="unknown axes"):
-        shd.resolve_dcn_shape({"pipeline": 2}, (8, 1, 1))
+        shd.resolve_dcn_shape({"pipeline": 2}, (8, 1, 1, 1))
     plain = shd.make_mesh({"data": -1})
     same = shd.make_mesh({"data": -1}, dcn={"data": 1, "fsdp": 1, "tensor": 1})
     assert plain.devices.tolist() == same.devices.tolist()

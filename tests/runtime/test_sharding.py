@@ -19,11 +19,12 @@ def is_axes(t):
 
 
 @pytest.mark.parametrize("shape, want", [
-    ({"data": -1}, (8, 1, 1)),
-    ({"data": -1, "fsdp": 2}, (4, 2, 1)),
-    ({"data": 2, "fsdp": 2, "tensor": -1}, (2, 2, 2)),
-    ({"fsdp": -1, "tensor": 8}, (1, 1, 8)),
-    ({"data": 2, "fsdp": 2, "tensor": 2}, (2, 2, 2)),
+    ({"data": -1}, (8, 1, 1, 1)),
+    ({"data": -1, "fsdp": 2}, (4, 2, 1, 1)),
+    ({"data": 2, "fsdp": 2, "tensor": -1}, (2, 2, 2, 1)),
+    ({"fsdp": -1, "tensor": 8}, (1, 1, 8, 1)),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, (2, 2, 2, 1)),
+    ({"data": 2, "context": -1}, (2, 1, 1, 4)),
     ({}, None),
 ])
 def test_resolve_mesh_shape(shape, want):
@@ -32,7 +33,7 @@ def test_resolve_mesh_shape(shape, want):
             shd.resolve_mesh_shape(shape, 8)
     else:
         assert shd.resolve_mesh_shape(shape, 8) == want
-    assert shd.resolve_mesh_shape({}, 1) == (1, 1, 1)
+    assert shd.resolve_mesh_shape({}, 1) == (1, 1, 1, 1)
 
 
 @pytest.mark.parametrize("shape, match", [
@@ -49,7 +50,7 @@ def test_resolve_mesh_shape_errors(shape, match):
         shd.resolve_mesh_shape(shape, 8)
 
 
-@pytest.mark.parametrize("sizes", [(8, 1, 1), (2, 2, 2), (1, 8, 1)])
+@pytest.mark.parametrize("sizes", [(8, 1, 1, 1), (2, 2, 2, 1), (1, 8, 1, 1), (2, 1, 1, 4)])
 def test_make_mesh_on_eight_devices(sizes):
     assert jax.device_count() == 8
     mesh = shd.make_mesh(dict(zip(shd.MESH_AXES, sizes)))
@@ -62,7 +63,7 @@ def test_make_mesh_on_eight_devices(sizes):
 
 def test_make_mesh_with_explicit_devices():
     mesh = shd.make_mesh({"data": -1}, devices=jax.devices()[:2])
-    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 1}
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 1, "context": 1}
     with pytest.raises(ValueError, match="need 8 devices, but 2"):
         shd.make_mesh({"data": 8}, devices=jax.devices()[:2])
 
@@ -76,7 +77,8 @@ def test_logical_to_spec_follows_rules_without_a_mesh():
     # Canonical specs: trailing replicated dimensions are left out (as jit returns them).
     assert shd.logical_to_spec((None, "head_dim", "unlisted"), RULES) == P()
     # A mesh axis is used at most once per array: batch takes data+fsdp, embed gets nothing.
-    assert shd.logical_to_spec(("batch", "length", "embed"), RULES) == P(("data", "fsdp"))
+    assert shd.logical_to_spec(("batch", "length", "embed"), RULES) == P(("data", "fsdp"),
+                                                                          "context")
     custom = (("embed", ("fsdp", "tensor")), ("mlp", "tensor"))
     assert shd.logical_to_spec(("embed", "mlp"), custom) == P(("fsdp", "tensor"))
     assert shd.logical_to_spec(("mlp", "embed"), custom) == P("tensor", "fsdp")
