@@ -103,6 +103,16 @@ def write_segment(pool: Pool, rows: np.ndarray, out: dict, step: int) -> None:
         pool.eos[r] = not bool(out["truncated"][i])
 
 
+def mark_stopped(pool: Pool, stops: np.ndarray | None) -> None:
+    """Marks done (`eos`) the rows of `pool` that have their stop length, int32 [K*G]
+    `stops` from `PartialRollouts.row_stops` (None: nothing to mark), in place."""
+    if stops is not None:
+        if len(stops) != len(pool.lengths):
+            raise ValueError(f"row_stops: {len(stops)} stop lengths for a pool of "
+                             f"{len(pool.lengths)} rows")
+        pool.eos |= pool.lengths >= stops
+
+
 def length_stats(prefix: str, lengths: np.ndarray) -> dict[str, float]:
     """{prefix}_mean / _p50 / _max of int lengths [n] (nothing when n = 0)."""
     if len(lengths) == 0:
@@ -192,7 +202,9 @@ class PartialRollouts:
         padded = np.concatenate([rows, np.full(size - len(rows), rows[0])])
         prompts, valid = self.rt.encode_prompts(self.pool.examples)
         p = padded // self.group
-        budgets = np.minimum(self.segment, self.max_len - self.pool.lengths[padded])
+        stops = self.row_stops(self.pool.examples)
+        limit = self.max_len if stops is None else stops[padded]
+        budgets = np.minimum(self.segment, limit - self.pool.lengths[padded])
         rl = self.rl
         out = self.continuation(
             params, prompts[p], valid[p], self.pool.tokens[padded],
@@ -200,18 +212,31 @@ class PartialRollouts:
             segment=self.segment, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
         host = distributed.to_host(vars(out))
         write_segment(self.pool, rows, {k: v[:len(rows)] for k, v in host.items()}, step)
+        mark_stopped(self.pool, stops)
         return len(rows)
 
     def start(self, params, examples: list, rng, step: int) -> Pool:
-        """The pool of new groups for `examples`, each row's first segment sampled."""
+        """The pool of new groups for `examples`, each row's first segment sampled (at most
+        its `row_stops` tokens when those are given)."""
         rt, rl, g = self.rt, self.rl, self.group
+        stops = self.row_stops(examples)
+        budget = self.segment if stops is None else np.minimum(self.segment, stops)
         prompt_tokens, prompt_valid = rt.encode_prompts(examples)
         out = rt.sampler(params, rt.put_prompts(prompt_tokens), rt.put_prompts(prompt_valid),
-                         rng, num_samples=g, max_new_tokens=self.segment,
+                         rng, num_samples=g, max_new_tokens=budget, max_len=self.segment,
                          temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
         host = distributed.to_host({"tokens": out.tokens, "logprobs": out.logprobs,
                                     "lengths": out.lengths, "truncated": out.truncated})
-        return self.new_pool(examples, rng, host, step)
+        pool = self.new_pool(examples, rng, host, step)
+        mark_stopped(pool, stops)
+        return pool
+
+    def row_stops(self, examples: list) -> np.ndarray | None:
+        """Each row's stop length, int32 [len(examples) * G], or None (the default: rows
+        stop at a stop id or after L tokens). A subclass that knows when each row stops (a
+        benchmark's seeded lengths, as if each row drew its stop id there) returns them: a
+        row then decodes at most that many tokens and is done once it has them."""
+        return None
 
     def new_pool(self, examples: list, rng, first: dict, step: int) -> Pool:
         """The pool of `examples`' groups holding their first segments `first` (host arrays

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import rl_step  # noqa: E402
+import rl_step_long_tail  # noqa: E402
 import roofline  # noqa: E402
 import sampler as sampler_bench  # noqa: E402
 from jaxrl_reason.models.config import get_preset  # noqa: E402
@@ -196,11 +197,11 @@ def test_ks_statistic():
     import numpy as np
 
     a = np.array([1, 2, 3, 4])
-    assert rl_step.ks_statistic(a, a[::-1]) == 0.0
-    assert rl_step.ks_statistic(a, np.array([10, 11])) == 1.0
-    assert rl_step.ks_statistic(np.array([1, 2]), np.array([2, 3])) == pytest.approx(0.5)
+    assert rl_step_long_tail.ks_statistic(a, a[::-1]) == 0.0
+    assert rl_step_long_tail.ks_statistic(a, np.array([10, 11])) == 1.0
+    assert rl_step_long_tail.ks_statistic(np.array([1, 2]), np.array([2, 3])) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="both samples"):
-        rl_step.ks_statistic(a, np.array([], int))
+        rl_step_long_tail.ks_statistic(a, np.array([], int))
 
 
 def test_pad_groups_masks_the_extra_rows():
@@ -210,12 +211,12 @@ def test_pad_groups_masks_the_extra_rows():
             "lengths": np.array([6, 5, 4, 3], np.int32),
             "prompt_tokens": np.full((2, 3), 7, np.int32),
             "prompt_valid": np.ones((2, 3), bool)}
-    got = rl_step.pad_groups(host, 3, 2)
+    got = rl_step_long_tail.pad_groups(host, 3, 2)
     assert got["tokens"].shape == (6, 6) and got["prompt_tokens"].shape == (3, 3)
     assert got["lengths"].tolist() == [6, 5, 4, 3, 0, 0]
     assert (got["tokens"][4:] == 0).all() and (got["prompt_tokens"][2] == 7).all()
     with pytest.raises(ValueError, match="more than"):
-        rl_step.pad_groups(host, 1, 2)
+        rl_step_long_tail.pad_groups(host, 1, 2)
 
 
 def test_rl_step_long_tail_quick(tmp_path):

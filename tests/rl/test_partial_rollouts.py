@@ -170,6 +170,24 @@ def test_rows_older_than_the_max_age_are_dropped_and_counted(make_trainer):
         assert m["rollout/oldest_age"] <= 1
 
 
+def test_row_stops_cap_each_row_and_mark_it_done(make_trainer):
+    """The `row_stops` hook (a benchmark's seeded lengths): a row decodes at most its stop
+    length, across segments, and is done (trainable) once it has it."""
+    trainer, _ = make_trainer(*partial_flags(2), weights=WEIGHTS)
+    partial = trainer.partial
+    pattern = np.array([1, 3, 4, 6], np.int32)  # the 4 rows of a group; 6 takes 3 segments
+    partial.row_stops = lambda examples: np.tile(pattern, len(examples))
+    trained = []
+    for step in range(1, 5):
+        examples = next(trainer.data) if partial.wants_examples() else []
+        _, host, _ = partial.collect(trainer.state.params, examples, jax.random.key(step), step)
+        trained.append(host["lengths"].reshape(-1, 4))
+        assert (partial.pool.lengths <= np.tile(pattern, len(partial.pool.examples))).all()
+    trained = np.concatenate(trained)
+    assert len(trained) > 0 and (trained <= pattern).all()
+    assert (trained == pattern).any(axis=0).all()  # each stop reached (else a stop id drawn)
+
+
 @pytest.mark.parametrize("change, key, words", [
     ({"rl.rollout_token_budget": -3}, "rl.rollout_token_budget", "decode steps >= 1"),
     ({"rl.rollout_token_budget": 0.5}, "rl.rollout_token_budget", "decode steps >= 1"),
