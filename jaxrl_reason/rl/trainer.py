@@ -57,9 +57,8 @@ from jaxrl_reason.evaluation.pass_at_k import domain_metrics
 from jaxrl_reason.runtime.build import Runtime
 from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.sampling.tool_loop import ToolSampleOutput, tool_loss_mask
-from jaxrl_reason.rl.update import (PACK_KEYS, adaptive_kl_beta, make_logprob_fn,
-                                    make_packed_logprob_fn, make_update_fn, mix_reference)
-from jaxrl_reason.rl.packing import packer_for
+from jaxrl_reason.rl.update import adaptive_kl_beta, make_update_fn, mix_reference
+from jaxrl_reason.rl.packed_passes import LogprobPasses
 from jaxrl_reason.runtime.train_state import (TrainState, create_train_state,
                                               learning_rate_schedule, make_optimizer)
 
@@ -119,6 +118,8 @@ class RLTrainer:
         # `init_params`) or a group estimator of the registry; the one place that asks. A
         # critic's advantages are per token: its passes take a prompt per row, no row is
         # skipped, and the KL in the reward goes into its token rewards.
+        self.logprobs = LogprobPasses(rt, rl)  # rl.packing: passes on padding-free packs
+        self.packed = self.logprobs.packed
         self.advantage_source = (Critic(rt, rl, init_params, ref_params,
                                         policy_params=lambda: self.state.params)
                                  if rl.advantage_estimator == "gae"
@@ -129,19 +130,10 @@ class RLTrainer:
         self.skip_rows = bool(rl.skip_zero_advantage_rows) and rl.beta == 0 and not per_token
         self.kl_in_reward = (None if not rl.kl_in_reward or self.ref_params is None
                              else "token" if per_token else "sequence")
-        self.logprob_fn = make_logprob_fn(rt.model, rl.temperature, rl.micro_batches,
-                                          rt.mesh, rt.rules)
-        # rl.packing: the log-prob passes and the update run on padding-free packs
-        self.packer = packer_for(rt.config, rt.model_cfg,
-                                 shd.data_parallel_size(rt.mesh, rt.rules))
-        packed = self.packer is not None
-        if packed:
-            self.packed_logprob_fn = make_packed_logprob_fn(
-                rt.model, rl.temperature, self.packer.share_prompts, rt.mesh, rt.rules)
-        self.update_fn = make_update_fn(rt.model, self.optimizer, rl, rt.mesh, rt.rules,
-                                        self.kernel_backend, dropout_seed=rt.config.seed + 4,
-                                        packed=packed,
-                                        share_prompts=packed and self.packer.share_prompts)
+        self.update_fn = make_update_fn(
+            rt.model, self.optimizer, rl, rt.mesh, rt.rules, self.kernel_backend,
+            dropout_seed=rt.config.seed + 4, packed=self.packed is not None,
+            share_prompts=self.packed is not None and self.packed.share_prompts)
         self.ckpt = PhaseCheckpointer(rt, "rl", base_checkpoint=base_checkpoint)
         # rl.rollout_token_budget: rows not done within it continue in later steps.
         self.partial = (PartialRollouts(rt, rl) if rl.get("rollout_token_budget", 0)
@@ -340,10 +332,12 @@ class RLTrainer:
         got.times["time/sample_s"], t0 = time.time() - t0, time.time()
         if got.num_rows == 0:  # partial rollouts: nothing complete to score
             return got
-        if self.packer is not None:  # rows of one length: only the pack count varies
+        if self.packed is not None:  # rows of one length: only the pack count varies
             got.host["length"] = got.host["tokens"].shape[1]
         if self.ref_params is not None:  # device work first (asynchronous dispatch)
-            got.ref_logp = self._logprobs(self._reference(), got)
+            got.ref_logp = self.logprobs.of_step(self._reference(), got,
+                                                 lambda: self._full_rollout(got),
+                                                 self.train_lengths(got.host))
         if got.rewards is None:  # then host scoring while it runs
             got.rewards = self.agreed(self.score(got.examples, got.host).result())
         got.times["time/score_s"] = time.time() - t0
@@ -384,28 +378,6 @@ class RLTrainer:
                    "dynamic_sampling/filled_groups": float(max(0, b - informative))}
         return (*merge_groups(parts, flat[:b], g, self.rl.train_length_bucket,
                               self.rl.max_new_tokens), metrics)
-
-    def _logprobs(self, params, got: Collected) -> jax.Array:
-        """Log-probs f32 [N, L] of all rows of `got` under `params`: the padded pass, or
-        with rl.packing the packed one."""
-        if self.packer is None:
-            return self.logprob_fn(params, *self._full_rollout(got).scoring_args())
-        return self.packed_logprob_fn(params, self._all_packs(got))
-
-    def _all_packs(self, got: Collected) -> dict[str, jax.Array]:
-        """rl.packing: the packs of all N rows of `got` (made once, kept in `got.packs`)."""
-        if got.packs is None:
-            got.packs = self._packs(got.host)
-        return got.packs
-
-    def _packs(self, host, keep: np.ndarray | None = None) -> dict[str, jax.Array]:
-        """rl.packing: the packs (`packing.Packs.arrays`, on the mesh) of every row's train
-        lengths; rows whose `keep` (bool [N]) is False read nothing."""
-        lengths = self.train_lengths(host)
-        lengths = lengths if keep is None else np.where(keep, lengths, 0)
-        packs = self.packer(host["prompt_tokens"], host["prompt_valid"],
-                            host["tokens"][:, :host["length"]], lengths)
-        return {name: self.rt.put(x) for name, x in packs.arrays().items()}
 
     def _full_rollout(self, got: Collected) -> Rollout:
         """The update batch of all N rows of `got` (made once, kept in `got.rollout`)."""
@@ -476,9 +448,8 @@ class RLTrainer:
         [M, L], ref_logp f32 [N, L] with a reference and old_logp f32 [M, L] with
         `rl.num_iterations` > 1; train_rows is the number of real rows among the M.
         """
-        rl, host = self.rl, got.host
-        keep = None
-        if self.packer is not None:  # every row: those not trained on read nothing
+        rl, host, keep = self.rl, got.host, None
+        if self.packed is not None:  # every row: those not trained on read nothing
             keep = np.asarray(targets["advantages"]) != 0 if self.skip_rows else None
             rollout = self._full_rollout(got) if keep is None else self.rollout(host, None, keep)
             sampler_logp = self._all_sampler_logp(got)
@@ -505,13 +476,10 @@ class RLTrainer:
                      beta=np.float32(self.beta), sampler_logp=sampler_logp)
         if got.ref_logp is not None:
             batch["ref_logp"] = got.ref_logp
-        if self.packer is not None:
-            batch.update(self._all_packs(got) if keep is None else self._packs(host, keep))
+        if self.packed is not None:
+            batch.update(self.packed.batch_packs(got, lengths, keep))
         if rl.num_iterations > 1:
-            batch["old_logp"] = (
-                self.logprob_fn(self.state.params, *rollout.scoring_args())
-                if self.packer is None else self.packed_logprob_fn(
-                    self.state.params, {k: batch[k] for k in PACK_KEYS}))
+            batch["old_logp"] = self.logprobs.of_batch(self.state.params, rollout, batch)
         return batch, train_rows
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:

@@ -16,7 +16,7 @@ def test_packed_steps_match_padded_steps(make_trainer, flags):
     padded, _ = make_trainer(*flags, weights=weights)
     packed, initial = make_trainer(*flags, "--config.rl.packing=True",
                                    "--config.rl.pack_tokens=64", weights=weights)
-    assert packed.packer is not None and padded.packer is None
+    assert packed.packed is not None and padded.packed is None
     a, b = run_steps(padded, 2), run_steps(packed, 2)
     cfg = packed.rt.model_cfg
     # every update metric is a weighted mean of per-token terms of log-probs that differ by
