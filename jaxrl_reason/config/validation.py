@@ -221,7 +221,7 @@ PACKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 def _packing_problems(config) -> list[str]:
     """rl.packing (padding-free packs for the log-prob passes and the update) and
-    rl.pack_tokens, and what packing does not cover yet."""
+    rl.pack_tokens, and what packing does not cover."""
     packing = _get(config, "rl.packing", False)
     if not isinstance(packing, bool):
         return [f"rl.packing: must be True or False, got {packing!r}"]
@@ -243,9 +243,6 @@ def _packing_problems(config) -> list[str]:
     if loss_type not in PACKED_LOSS_TYPES:
         problems.append(f"rl.packing: packs the {'/'.join(PACKED_LOSS_TYPES)} losses, not "
                         f"rl.loss_type {loss_type!r}")
-    if _get(config, "rl.advantage_estimator") == "gae":
-        problems.append("rl.packing: the PPO critic's passes (advantage_estimator='gae') are "
-                        "not packed; set rl.packing=False")
     if _get(config, "rl.micro_batches", 1) != 1:
         problems.append("rl.packing: the packed update runs one micro-batch; set "
                         "rl.micro_batches=1 (packs already bound the activations by "

@@ -67,11 +67,14 @@ class Critic:
     per_token = True  # advantages [N, L]: see `rl/group_estimator.py` for the interface
 
     def __init__(self, rt, rl, init_params, sft_params=None,
-                 policy_params: Callable[[], Any] | None = None):
+                 policy_params: Callable[[], Any] | None = None,
+                 share_prompts: bool | None = None):
         """rt: the `Runtime` (model, mesh, rules, `put`); rl: the config's `rl` section (its
         `value` subsection: init, learning_rate, clip_range, warmup_steps, weight_decay,
         max_grad_norm). policy_params: returns the policy's current params; required with
-        `model.lora` (the critic's adapters read the policy's frozen base through it)."""
+        `model.lora` (the critic's adapters read the policy's frozen base through it).
+        share_prompts: None for padded passes; with `rl.packing` the packer's prompt sharing,
+        and the value pass and update read packs (`advantages`' packs, the batch's)."""
         v = rl.value
         if v.init not in VALUE_INITS:
             raise ValueError(f"rl.value.init must be one of {VALUE_INITS}, got {v.init!r}")
@@ -93,11 +96,13 @@ class Critic:
                                        from_params=source)
             self.state = create_train_state(params, self.optimizer)
         self.policy_params = policy_params
-        self.values_fn = make_value_fn(rt.model, rt.mesh, rt.rules, lora=self.lora)
+        self.packed = share_prompts is not None
+        self.values_fn = make_value_fn(rt.model, rt.mesh, rt.rules, lora=self.lora,
+                                       share_prompts=share_prompts)
         self.update_fn = make_value_update_fn(
             rt.model, self.optimizer, clip_range=v.clip_range or None, loss_type="bnpo",
             max_completion_length=rl.max_new_tokens, mesh=rt.mesh, rules=rt.rules,
-            lora=self.lora)
+            lora=self.lora, share_prompts=share_prompts)
         self.put = rt.put
         self.gamma, self.lam = rl.gamma, rl.lam
         self.whiten_advantages = bool(rl.whiten_advantages)
@@ -109,8 +114,8 @@ class Critic:
         return step >= self.warmup_steps
 
     def advantages(self, seq_rewards: np.ndarray, rollout: Callable[[], Rollout],
-                   kl: jax.Array | None, beta: float,
-                   lengths: np.ndarray | None = None) -> dict[str, jax.Array]:
+                   kl: jax.Array | None, beta: float, lengths: np.ndarray | None = None,
+                   packs: Callable[[], dict] | None = None) -> dict[str, jax.Array]:
         """GAE advantages of every row against the current critic.
 
         Args:
@@ -120,13 +125,16 @@ class Critic:
             None.
           beta: the KL coefficient of the token rewards.
           lengths: not read (the rollout's mask says which tokens count).
+          packs: returns the packs of all N rows (`packing.Packs.arrays()` on the mesh);
+            read by a packed critic only.
         Returns:
           {"advantages", "old_values", "returns"}: f32 [N, L] each, on the mesh (the
           update batch's entries for the policy's and the critic's losses).
         """
         del lengths
         rollout = rollout()
-        values = self.values_fn(self.state.params, *self._base(), *rollout.scoring_args())
+        rows = (packs(),) if self.packed else rollout.scoring_args()
+        values = self.values_fn(self.state.params, *self._base(), *rows)
         advantages, returns = ppo_advantages(
             self.put(np.asarray(seq_rewards, np.float32)), rollout.mask, values, kl,
             jnp.float32(beta), gamma=self.gamma, lam=self.lam,

@@ -40,16 +40,17 @@ class GroupEstimator:
         self.backend = backend
 
     def advantages(self, seq_rewards: np.ndarray, rollout: Callable[[], Rollout],
-                   kl: jax.Array | None, beta: float, lengths: np.ndarray) -> dict[str, Any]:
+                   kl: jax.Array | None, beta: float, lengths: np.ndarray,
+                   packs=None) -> dict[str, Any]:
         """The group estimator on `seq_rewards` (f32 [N] host, group-major: N = B * G).
 
         `rollout` (the update batch of all rows, made on demand) and `kl` / `beta` (the token
         KL, for a critic's token rewards) are not read: a group estimator's KL is in the
-        sequence rewards already. `lengths` is int [N], the tokens each row's loss sees.
+        sequence rewards already; nor are `packs` (a packed critic's). `lengths` is int [N], the tokens each row's loss sees.
         Returns {"advantages": f32 [N] host}, 0 on rows of length 0 (the loss sees none of
         their tokens, e.g. truncated rows under `rl.mask_truncated_completions`).
         """
-        del rollout, kl, beta
+        del rollout, kl, beta, packs
         advantages = np.asarray(distributed.to_host(kernel_dispatch.group_advantages(
             jnp.asarray(seq_rewards), self.num_generations, estimator=self.estimator,
             scale=self.scale, backend=self.backend)), np.float32)

@@ -121,7 +121,8 @@ class RLTrainer:
         self.logprobs = LogprobPasses(rt, rl)  # rl.packing: passes on padding-free packs
         self.packed = self.logprobs.packed
         self.advantage_source = (Critic(rt, rl, init_params, ref_params,
-                                        policy_params=lambda: self.state.params)
+                                        policy_params=lambda: self.state.params,
+                                        share_prompts=self.packed and self.packed.share_prompts)
                                  if rl.advantage_estimator == "gae"
                                  else GroupEstimator(rl, self.kernel_backend))
         per_token = self.advantage_source.per_token
@@ -428,9 +429,10 @@ class RLTrainer:
         registry; {"advantages", "old_values", "returns"} f32 [N, L] on the mesh from the
         critic.
         """
+        lengths = self.train_lengths(got.host)
         return self.advantage_source.advantages(
-            seq_rewards, lambda: self._full_rollout(got), kl, self.beta,
-            self.train_lengths(got.host))
+            seq_rewards, lambda: self._full_rollout(got), kl, self.beta, lengths,
+            packs=lambda: self.packed.all_packs(got, lengths))
 
     # ------------------------------------------------------------------ update
 

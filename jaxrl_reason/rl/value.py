@@ -11,7 +11,8 @@ The pieces the trainer names, each a small pure function:
 - `whiten`: masked advantage whitening.
 - `value_loss`: the PPO clipped value loss and its metrics.
 - `make_value_fn` / `make_value_update_fn`: jitted scoring and donated critic updates, the
-  counterparts of `rl/update.py`'s `make_logprob_fn` / `make_update_fn`.
+  counterparts of `rl/update.py`'s `make_logprob_fn` / `make_update_fn`; with
+  `share_prompts` not None they read padding-free packs (`rl.packing`, `packed_values`).
 - With a LoRA policy (`model.lora`) the critic holds no trunk of its own: its trained params
   are its own adapters and the head (`init_lora_value_params`), read on top of the policy's
   frozen (possibly quantized) base, passed to every call (`lora_value_params`; no copy).
@@ -51,8 +52,9 @@ from jaxrl_reason.models import lora as lora_lib
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.lora_params import init_adapters
 from jaxrl_reason.models.scoring import sequence_inputs
+from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
-                                            value_param_shardings)
+                                            trunk_config, value_param_shardings)
 from jaxrl_reason.rl.losses import LOSS_AGGREGATIONS, aggregate_loss
 from jaxrl_reason.runtime.train_state import TrainState, apply_gradients, opt_state_shardings
 
@@ -66,6 +68,7 @@ __all__ = [
     "lora_value_params",
     "make_value_fn",
     "make_value_update_fn",
+    "packed_values",
     "token_rewards",
     "value_loss",
     "whiten",
@@ -222,6 +225,32 @@ def completion_values(model, value_params, prompt_tokens, prompt_valid, completi
                                          positions[:, :-1], valid[:, :-1])
     values = values[:, prompt_len - 1: prompt_len - 1 + length]
     return jnp.where(jnp.asarray(mask) != 0, values, 0.0)
+
+
+def packed_values(model, value_params, packs, *, share_prompts: bool) -> Array:
+    """`completion_values` of packed rows (`rl/packing.py`): the value trunk runs on the
+    packs, each slot's value is read, and the slots are gathered back to the rows (the
+    slot predicting completion token t holds the state s_t).
+
+    Args:
+      model: the policy's `Transformer` (only its `cfg` is used).
+      value_params: from `init_value_params`.
+      packs: `packing.Packs.arrays()` (pack_* int32 [K, T], pack_index int32 [N, L]).
+      share_prompts: whether the packs share prompts (the attention then reads
+        `pack_prompt_segments`; see `update.packed_logprobs`).
+    Returns:
+      float32 [N, L], 0 where pack_index is -1; `completion_values` of the padded rows up to
+      float summation order.
+    """
+    segments = packs["pack_segments"]
+    hidden, _ = Transformer(trunk_config(model.cfg)).apply(
+        {"params": value_params["trunk"]}, packs["pack_tokens"], packs["pack_positions"],
+        segments > 0, return_hidden=True, segment_ids=segments,
+        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None)
+    head = nn.Dense(1, dtype=jnp.float32, param_dtype=jnp.dtype(model.cfg.param_dtype))
+    values = head.apply({"params": value_params["head"]}, hidden.astype(jnp.float32))[..., 0]
+    index = packs["pack_index"]
+    return jnp.where(index >= 0, values.reshape(-1)[jnp.maximum(index, 0)], 0.0)
 
 
 # ----------------------------------------------------------------------------- rewards, GAE
@@ -410,15 +439,19 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
 # ----------------------------------------------------------------------------- jitted steps
 
 
-def make_value_fn(model, mesh=None, rules=(), lora: bool = False):
+def make_value_fn(model, mesh=None, rules=(), lora: bool = False,
+                  share_prompts: bool | None = None):
     """Jitted (value_params, prompt_tokens, prompt_valid, completion_tokens, mask) -> values
     f32 [B, L] (`completion_values`; the rollout's `scoring_args()` after the params).
     mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
-    lora: a LoRA critic's (critic_params, base, ...) instead (`lora_value_params`)."""
+    lora: a LoRA critic's (critic_params, base, ...) instead (`lora_value_params`).
+    share_prompts: not None, (value_params, packs) instead (`packed_values`; packs holds
+    the `update.PACK_KEYS`)."""
 
-    def fn(value_params, prompt_tokens, prompt_valid, completion_tokens, mask):
-        return completion_values(model, value_params, prompt_tokens, prompt_valid,
-                                 completion_tokens, mask)
+    def fn(value_params, *rows):
+        if share_prompts is not None:
+            return packed_values(model, value_params, *rows, share_prompts=share_prompts)
+        return completion_values(model, value_params, *rows)
 
     if lora:
         def lora_fn(critic_params, base, *rows):
@@ -433,7 +466,8 @@ def make_value_fn(model, mesh=None, rules=(), lora: bool = False):
 
 def make_value_update_fn(model, optimizer, *, clip_range: float | None,
                          loss_type: str = "bnpo", max_completion_length: int | None = None,
-                         mesh=None, rules=(), lora: bool = False):
+                         mesh=None, rules=(), lora: bool = False,
+                         share_prompts: bool | None = None):
     """Jitted, state-donating critic update: (value_state, batch) -> (value_state, metrics).
 
     Args:
@@ -449,11 +483,18 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
     lora: a LoRA critic, (value_state, base, batch) -> (value_state, metrics): the state
     holds its adapters and head (`init_lora_value_params`, all trained), `base` is the
     policy's frozen base (not donated, not differentiated).
+
+    share_prompts: not None, the values come from the batch's packs instead of its prompt
+    and completion tokens (`packed_values`; `rl.packing`); the loss is the same code.
     """
 
     def loss_fn(params, batch):
-        values = completion_values(model, params, batch["prompt_tokens"], batch["prompt_valid"],
-                                   batch["completion_tokens"], batch["mask"])
+        if share_prompts is not None:
+            values = packed_values(model, params, batch, share_prompts=share_prompts)
+        else:
+            values = completion_values(model, params, batch["prompt_tokens"],
+                                       batch["prompt_valid"], batch["completion_tokens"],
+                                       batch["mask"])
         return value_loss(values, batch["old_values"], batch["returns"], batch["mask"],
                           clip_range=clip_range, loss_type=loss_type,
                           max_completion_length=max_completion_length,
