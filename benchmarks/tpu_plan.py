@@ -78,10 +78,13 @@ SETTINGS = {
             {"max_num_seqs": SLOTS}),
     "L2": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "none"}},
            {"batch_prompts": 2}),
+    # Long completions (benchmarks/tpu_plan_long.py): E and C with slot refill.
+    "ES": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "tensor": 2, "max_num_seqs": 16}),
+    "CS": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "max_num_seqs": SLOTS}),
 }
 FAMILIES = {"A": "full", "B": "full", "C": "full", "D": "full", "E": "full",
             "L": "LoRA", "Q8": "QLoRA", "Q4": "QLoRA", "LS": "LoRA", "Q4S": "QLoRA",
-            "L2": "LoRA"}
+            "L2": "LoRA", "ES": "full", "CS": "full"}
 SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "C": "bf16 + Adam, host offload",
                  "D": "bf16 + Adam, host offload, 256-query chunks",
@@ -90,12 +93,15 @@ SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "Q4": "QLoRA r16, nf4 base",
                  "LS": f"LoRA r16, bf16 base, {SLOTS} decode slots",
                  "Q4S": f"QLoRA r16, nf4 base, {SLOTS} decode slots",
-                 "L2": "LoRA r16, bf16 base, 2 prompts x G = 8 per step"}
+                 "L2": "LoRA r16, bf16 base, 2 prompts x G = 8 per step",
+                 "ES": "bf16 + Adam, host offload, FSDP x tensor 2, 16 decode slots",
+                 "CS": f"bf16 + Adam, host offload, {SLOTS} decode slots"}
 ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 
 
-def _config(model: str, topology: str, setting: str, layers: int | None, scan: bool = True):
+def _config(model: str, topology: str, setting: str, layers: int | None, scan: bool = True,
+            completion: int | None = None):
     import ml_collections
 
     from jaxrl_reason.cli import parse
@@ -125,7 +131,7 @@ def _config(model: str, topology: str, setting: str, layers: int | None, scan: b
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, chips // tensor, tensor
     c.task.prompt_buckets = (PROMPT,)
     c.rl.batch_prompts, c.rl.num_generations = prompts, G
-    c.rl.max_new_tokens = COMPLETION
+    c.rl.max_new_tokens = completion or COMPLETION
     c.rl.beta = 0.04
     c.rl.micro_batches = max(1, prompts * G // (chips // tensor))  # a row per FSDP shard
     c.kernels.backend = "auto"                      # the Pallas kernels on TPU
@@ -351,8 +357,7 @@ def main() -> None:
                     default=[], help="also size the unrolled stack (setting chosen)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--slices", nargs="+", default=list(SLICES), choices=list(ALL_SLICES))
-    ap.add_argument("--settings", nargs="+", default=[k for k in SETTINGS
-                                                       if FAMILIES[k] == "full"],
+    ap.add_argument("--settings", nargs="+", default=["A", "B", "C", "D", "E"],
                     choices=list(SETTINGS),
                     help="settings to try, in order, per family (default: A-E)")
     ap.add_argument("--memory-only", action="store_true",
@@ -422,6 +427,11 @@ def main() -> None:
                 json.dump(store, f, indent=1)
             os.replace(path + ".tmp", path)
             text += "\n\n" + LONG_TAIL_INTRO + long_tail_markdown(lt) + "\n"
+        long_records = (json.load(open(path)).get("long_context")
+                        if os.path.isfile(path) else None)
+        if long_records:  # benchmarks/tpu_plan_long.py's section, kept
+            from tpu_plan_long import long_markdown
+            text += "\n\n" + long_markdown(long_records)
         with open(args.out + ".md", "w") as f:
             f.write(text)
 

@@ -193,7 +193,11 @@ def plan(fv) -> int:
     from jaxrl_reason.runtime import plan as planner
     chip, devices = planner.topology_devices(fv.topology)
     check_config(fv.config, len(devices))
-    report = planner.plan(fv.config, fv.topology)
+    if fv.kv_budget_gib is not None and not fv.kv_budget_gib > 0:
+        raise ValueError(f"--kv_budget_gib={fv.kv_budget_gib}: must be > 0 (GiB per chip)")
+    budget = None if fv.kv_budget_gib is None else fv.kv_budget_gib * planner.GiB
+    report = planner.plan(fv.config, fv.topology, choose_context=fv.choose_context,
+                          kv_budget_bytes=budget)
     _say(planner.format_report(report))
     return 0
 

@@ -184,6 +184,12 @@ def _pipeline(fv, argv):
 def _plan(fv, argv):
     flags.DEFINE_string("topology", None, "TPU slice, e.g. v5e:2x4, v5p:2x2x1, v6e:2x4",
                         flag_values=fv)
+    flags.DEFINE_float("kv_budget_gib", None, "with rl.max_num_seqs > 0: KV-cache budget per "
+                       "chip, GiB, for the sampler's long-tail time (default: the HBM left "
+                       "beside the sampler's weights and resident arrays)", flag_values=fv)
+    flags.DEFINE_bool("choose_context", True, "when the log-prob pass or the update does not "
+                      "fit, shard the sequence over 2, 4, ... chips (mesh.context) and report "
+                      "the smallest size that fits", flag_values=fv)
 
 
 def _multihost(fv, argv):

@@ -36,6 +36,9 @@ from jaxrl_reason.kernels import platform as kernel_platform
 from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.runtime.reliability import tree_bytes
+from jaxrl_reason.runtime.plan_sampler import (  # noqa: F401 (re-exported)
+    kv_bytes_per_position, long_tail_plan, format_long_tail, model_params, refill_schedule,
+    sampler_time, stage_width)
 from jaxrl_reason.runtime.build import hf_model_config, model_config
 from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn
 from jaxrl_reason.sampling.sampler import Sampler
@@ -176,7 +179,9 @@ def _program(name, compiled, model_flops, note="", flops=None, hbm=None) -> Prog
 
 
 def plan(config: ml_collections.ConfigDict, topology: str,
-         programs: tuple[str, ...] = PROGRAMS, layer_cost: bool = True) -> dict[str, Any]:
+         programs: tuple[str, ...] = PROGRAMS, layer_cost: bool = True,
+         choose_context: bool = True, context_sweep: tuple[int, ...] = (),
+         kv_budget_bytes: float | None = None) -> dict[str, Any]:
     """Compiles the config's sampler, log-prob pass and RL update (or those of `programs`
     named) for `topology`.
 
@@ -186,7 +191,15 @@ def plan(config: ml_collections.ConfigDict, topology: str,
     `layer_cost=False` skips the 1- and 2-layer compiles of scanned layers: memory is the
     same, FLOPs fall back to the model's count (`with_flops_floor`), and HBM bytes count the
     scanned layer once (the report says so in `layer_cost`).
-    Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan], "layer_cost"}.
+    `choose_context`: when the training passes (log-prob pass, update) do not fit, and the
+    mesh has a "context" axis, the sequence is sharded over 2, 4, ... chips (`with_context`)
+    and the smallest size that fits is chosen (`report["context"]`); `context_sweep` names
+    further sizes compiled for the record (their memory in `report["context"]["tried"]`).
+    With `rl.max_num_seqs` > 0 the report carries the sampler's time on long-tailed lengths,
+    static beside slot refill (`report["long_tail"]`, `plan_sampler.long_tail_plan`) under
+    `kv_budget_bytes` per chip (default: the HBM left beside the sampler's arrays).
+    Returns {"chip", "devices", "mesh", "params", "programs": [ProgramPlan], "layer_cost",
+    "context", "long_tail" (or None)}.
     """
     if config.get("hf_model"):  # plan the directory's architecture (config.json only)
         resolved = ml_collections.ConfigDict(config.to_dict())
@@ -195,11 +208,138 @@ def plan(config: ml_collections.ConfigDict, topology: str,
         resolved.hf_model = ""
         config = resolved
     with kernel_platform.target("tpu"):
-        report = _plan(config, topology, programs)
+        # The training passes first: the context size they need sets the mesh the other
+        # programs (the sampler) are compiled on.
+        training = tuple(p for p in programs if p in TRAINING) if choose_context else ()
+        report = _plan(config, topology, training or programs)
+        context = {"chosen": _mesh_sizes(config, report["devices"]).get("context", 1),
+                   "axis": "context" in shd.MESH_AXES, "reason": "",
+                   "tried": [_memory_record(config, report)]}
+        if training:
+            config, report, context = _choose_context(config, topology, report, training,
+                                                      context, tuple(context_sweep))
+            others = tuple(p for p in programs if p not in TRAINING)
+            done = {p.name: p for p in report["programs"]}
+            if others:
+                done.update((p.name, p) for p in _plan(config, topology, others)["programs"])
+            report = dict(report, programs=[done[p] for p in programs])
         scanned = config.model.get("scan_layers") and config.model.n_layers > 1
         if scanned and layer_cost:
             report = _with_unrolled_layer_cost(config, topology, report, programs)
-        return {**report, "layer_cost": bool(layer_cost or not scanned)}
+        return {**report, "layer_cost": bool(layer_cost or not scanned), "context": context,
+                "long_tail": _long_tail(config, report, kv_budget_bytes)}
+
+
+TRAINING = ("log-prob pass", "update")  # the programs whose sequence the context axis shards
+
+
+def fits(report: dict[str, Any], names: tuple[str, ...] | None = None) -> bool:
+    """Whether every program of `report` (or those of `names`) fits the chip's HBM."""
+    return all(p.total_bytes <= report["chip"].hbm_bytes for p in report["programs"]
+               if names is None or p.name in names)
+
+
+def _mesh_sizes(config, n_dev: int) -> dict[str, int]:
+    """{axis: size} of the config's mesh on `n_dev` devices (MESH_AXES order)."""
+    return dict(zip(shd.MESH_AXES, shd.resolve_mesh_shape(dict(config.mesh), n_dev)))
+
+
+def with_context(config: ml_collections.ConfigDict, cp: int,
+                 n_dev: int) -> ml_collections.ConfigDict | None:
+    """`config` with the sequence sharded over `cp` chips (`mesh.context = cp`), or None
+    when the mesh cannot give them.
+
+    The chips come from `mesh.fsdp`, then `mesh.data` (the number of devices is fixed);
+    the weights stay sharded over as many chips (the "embed" rule's fsdp axis becomes
+    fsdp x context), the "length" rule is ("length", "context"), and `rl.micro_batches`
+    grows by the same factor (unpacked updates), so a micro-batch keeps its rows per batch
+    shard and each chip holds 1/cp of a row.
+    """
+    if "context" not in shd.MESH_AXES:
+        return None
+    sizes = _mesh_sizes(config, n_dev)
+    if cp % sizes["context"]:
+        return None
+    factor = cp // sizes["context"]
+    take_fsdp = math.gcd(sizes["fsdp"], factor)
+    take_data = factor // take_fsdp
+    if sizes["data"] % take_data:
+        return None
+    sizes.update(fsdp=sizes["fsdp"] // take_fsdp, data=sizes["data"] // take_data, context=cp)
+    out = ml_collections.ConfigDict(config.to_dict())
+    out.mesh = ml_collections.ConfigDict(sizes)
+    rules = [(name, tuple(a) if isinstance(a, (list, tuple)) else a)
+             for name, a in config.sharding_rules]
+    rules = [(name, ("fsdp", "context") if (name, axes) == ("embed", "fsdp") else axes)
+             for name, axes in rules if name != "length"]
+    out.sharding_rules = tuple(rules + [("length", "context")])
+    rows = int(config.rl.batch_prompts) * int(config.rl.num_generations)
+    k = int(config.rl.get("micro_batches", 1))
+    if not config.rl.get("packing", False) and rows % (k * factor) == 0:
+        out.rl.micro_batches = k * factor
+    return out
+
+
+def _memory_record(config, report) -> dict[str, Any]:
+    """What the context search keeps of one compile: the mesh, micro-batches and, per
+    program, argument / temporary / total bytes per chip."""
+    return {"context": report["mesh"].get("context", 1), "mesh": dict(report["mesh"]),
+            "micro_batches": int(config.rl.get("micro_batches", 1)),
+            "fits": fits(report, TRAINING),
+            "programs": {p.name: {"argument_bytes": p.argument_bytes,
+                                  "temp_bytes": p.temp_bytes, "total_bytes": p.total_bytes}
+                         for p in report["programs"]}}
+
+
+def _choose_context(config, topology, report, training, context, sweep):
+    """(config, report, context) at the smallest context size whose `training` programs
+    fit, when they do not fit as configured (`report`: theirs at that size); `sweep` sizes
+    are compiled for the record too."""
+    n_dev = report["devices"]
+    if (fits(report) and not sweep) or not context["axis"]:
+        return config, report, context
+    best = None if not fits(report) else (config, report)
+    cp = context["chosen"]
+    while True:
+        cp *= 2
+        if best is not None and cp > max(sweep, default=0):
+            break
+        candidate = with_context(config, cp, n_dev) if cp <= n_dev else None
+        if candidate is None:
+            break
+        small = _plan(candidate, topology, training)
+        context["tried"].append(_memory_record(candidate, small))
+        if best is None and fits(small):
+            best = (candidate, small)
+    if best is None:
+        context["reason"] = (f"the training passes fit at no context size up to "
+                             f"{context['tried'][-1]['context']}")
+        return config, report, context
+    chosen, small = best
+    if chosen is config:
+        return config, report, context
+    cp = small["mesh"]["context"]
+    first = context["tried"][0]["programs"]
+    context.update(chosen=cp, reason="the training passes do not fit at context 1 (" + ", ".join(
+        f"{name} {first[name]['total_bytes'] / GiB:.1f} GiB" for name in programs
+        if name in first) + f" per chip); context {cp} is the smallest size that fits")
+    return chosen, small, context
+
+
+def _long_tail(config, report, kv_budget_bytes):
+    """The sampler's time on long-tailed lengths when `rl.max_num_seqs` > 0, else None."""
+    slots = int(config.rl.get("max_num_seqs", 0))
+    sampler = next((p for p in report["programs"] if p.name == "sampler"), None)
+    if slots <= 0 or sampler is None:
+        return None
+    cfg = model_config(config.model, config.model.vocab_size or config.tokenizer.vocab_size)
+    rl = config.rl
+    return long_tail_plan(
+        cfg, rows=rl.batch_prompts * rl.num_generations, max_new_tokens=rl.max_new_tokens,
+        prompt_len=max(config.task.prompt_buckets), num_prompts=rl.batch_prompts,
+        slots=slots, refill_every=int(rl.get("refill_every", 8)), chip=report["chip"],
+        n_dev=report["devices"], weight_bytes_per_chip=sampler.argument_bytes,
+        other_bytes_per_chip=sampler.resident_bytes, kv_budget_bytes=kv_budget_bytes)
 
 
 def _with_unrolled_layer_cost(config, topology, report, programs=PROGRAMS):
@@ -224,18 +364,6 @@ def _with_unrolled_layer_cost(config, topology, report, programs=PROGRAMS):
                 note=note)
         programs.append(prog)
     return dict(report, programs=programs)
-
-
-def model_params(cfg) -> int:
-    """Weights of the model `cfg` describes, counted one per weight whatever their storage
-    (an nf4 leaf packs two in a byte), LoRA adapters included."""
-    total = 0
-    for path, x in jax.tree_util.tree_flatten_with_path(abstract_params(cfg))[0]:
-        name = str(getattr(path[-1], "key", path[-1]))
-        total += math.prod(x.shape) * (2 if name == "kernel_nf4" else 1)
-        if name in ("kernel_scale", "kernel_absmax"):
-            total -= math.prod(x.shape)
-    return total
 
 
 def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length, n_dev,
@@ -371,6 +499,11 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
 def advice(report: dict[str, Any]) -> list[str]:
     """What would help a program that does not fit."""
     chip, out = report["chip"], []
+    context = report.get("context") or {}
+    if context.get("reason"):
+        mesh = ", ".join(f"mesh.{k}={v}" for k, v in report["mesh"].items())
+        out.append(f"context parallelism: {context['reason']}"
+                   + (f"; run with {mesh}" if context["chosen"] > 1 else ""))
     for prog in report["programs"]:
         if prog.total_bytes <= chip.hbm_bytes:
             continue
@@ -415,111 +548,27 @@ def format_report(report: dict[str, Any]) -> str:
                  "(optimizer state during sampling and scoring; the reference params when "
                  "rl.beta > 0), unless rl.offload_optimizer / rl.offload_reference keep them "
                  "in host memory")
-    fits = all(p.total_bytes <= chip.hbm_bytes for p in report["programs"])
-    lines += ["", *notes, "", "fits: yes" if fits else "fits: NO"]
+    lines += ["", *notes, *_context_lines(report), "",
+              "fits: yes" if fits(report) else "fits: NO"]
     lines += [f"- {a}" for a in advice(report)]
+    if report.get("long_tail"):
+        lines += ["", format_long_tail(report["long_tail"])]
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------ sampler time, static vs refill
-
-def kv_bytes_per_position(cfg, itemsize: int = 2) -> int:
-    """Bytes of one row's K and V at one position, all layers (`itemsize` 2: bf16 cache)."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * itemsize
-
-
-def stage_width(position: int, max_new_tokens: int, decode_stages: int = 4) -> int:
-    """The decode cache width (new-token columns) a step at `position` attends over: the
-    narrowest of `decode_stages` equal stages of `max_new_tokens` that holds it."""
-    stage = -(-max_new_tokens // decode_stages)
-    return min(max_new_tokens, -(-max(position, 1) // stage) * stage)
-
-
-def refill_schedule(lengths, slots: int, refill_every: int) -> list[tuple[int, int]]:
-    """Slot refill's decode steps for int `lengths` [N] (tokens per row) in `slots` slots:
-    rows queued longest first (`sampling/refill.py`'s order for unequal budgets), freed
-    slots refilled every `refill_every` steps. Returns per step (busy slots, the largest
-    position among them)."""
-    if slots < 1 or refill_every < 1:
-        raise ValueError(f"refill_schedule: slots and refill_every must be >= 1, got "
-                         f"{slots} and {refill_every}")
-    queue = sorted((int(x) for x in lengths), reverse=True)
-    left = [0] * slots     # tokens each slot still has to decode (0 = free)
-    done = [0] * slots     # tokens its row decoded so far
-    steps, t = [], 0
-    while queue or any(left):
-        if t % refill_every == 0:
-            for s in range(slots):
-                if left[s] == 0 and queue:
-                    left[s], done[s] = queue.pop(0), 0
-        busy = [s for s in range(slots) if left[s] > 0]
-        steps.append((len(busy), max((done[s] + 1 for s in busy), default=0)))
-        for s in busy:
-            left[s] -= 1
-            done[s] += 1
-        t += 1
-    return steps
-
-
-def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip, n_dev: int,
-                 weight_bytes: float, kv_budget_bytes: float, slots: int = 0,
-                 refill_every: int = 8, decode_stages: int = 4,
-                 cache_itemsize: int = 2) -> dict[str, Any]:
-    """Roofline time of sampling rows of int `lengths` [N] (N = num_prompts x G) on a slice
-    of `n_dev` chips with at most `kv_budget_bytes` of KV cache per chip: a static batch
-    (`slots` = 0: as many rows at once as the budget holds, in batches each decoded to its
-    longest row) or slot refill (`slots` > 0, capped by the budget and N).
-
-    Per decode step, all computed rows (every slot, idle or not; every row of a static batch
-    to its batch's end) cost 2 |theta| FLOPs plus attention over the step's cache width
-    (`stage_width`), and the step reads the weights (`weight_bytes`, all chips) and the
-    computed rows' K and V up to that width; the step takes max(FLOPs / peak, bytes /
-    bandwidth) over the slice (the plan's analytic sampler count, per step). Prefill is left
-    out (the same in both). Returns rows_at_once, batches (static) or slots, decode_steps,
-    kv_cache_bytes per chip, flops, hbm_bytes, seconds, useful_tokens, useful_tok_s and
-    occupancy (useful row-steps / computed row-steps)."""
-    lengths = [int(x) for x in lengths]
-    n, max_len = len(lengths), max(lengths)
-    per_pos = kv_bytes_per_position(cfg, cache_itemsize)
-    budget = kv_budget_bytes * n_dev
-    attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
-    params = model_params(cfg)
-    flops = hbm = seconds = 0.0
-    computed = 0
-
-    def step(rows: int, position: int) -> None:
-        nonlocal flops, hbm, seconds, computed
-        width = prompt_len + stage_width(position, max_len, decode_stages)
-        f = rows * (2 * params + attn * width)
-        b = weight_bytes + rows * width * per_pos
-        flops, hbm, computed = flops + f, hbm + b, computed + rows
-        seconds += max(f / (chip.peak_flops * n_dev), b / (chip.hbm_bandwidth * n_dev))
-
-    if slots:
-        prompts_kv = num_prompts * prompt_len * per_pos  # kept to refill slots from
-        fit = int((budget - prompts_kv) // (per_pos * (prompt_len + max_len)))
-        rows = min(slots, n, fit)
-        if rows < 1:
-            raise ValueError(f"sampler_time: a KV budget of {kv_budget_bytes / GiB:.2f} GiB "
-                             f"per chip holds no slot of {prompt_len + max_len} positions")
-        schedule = refill_schedule(lengths, rows, refill_every)
-        for _, position in schedule:
-            step(rows, position)
-        kv, shape = per_pos * (rows * (prompt_len + max_len)) + prompts_kv, {"slots": rows}
-    else:
-        rows = min(n, int(budget // (per_pos * (prompt_len + max_len - 1))))
-        if rows < 1:
-            raise ValueError(f"sampler_time: a KV budget of {kv_budget_bytes / GiB:.2f} GiB "
-                             f"per chip holds no row of {prompt_len + max_len - 1} positions")
-        batches = [lengths[i:i + rows] for i in range(0, n, rows)]
-        schedule = []
-        for batch in batches:
-            for t in range(1, max(batch) + 1):
-                step(len(batch), t)
-                schedule.append(t)
-        kv = per_pos * rows * (prompt_len + max_len - 1)
-        shape = {"rows_at_once": rows, "batches": len(batches)}
-    useful = sum(lengths)
-    return {**shape, "decode_steps": len(schedule), "kv_cache_bytes": kv / n_dev,
-            "flops": flops, "hbm_bytes": hbm, "seconds": seconds, "useful_tokens": useful,
-            "useful_tok_s": useful / seconds, "occupancy": useful / computed}
+def _context_lines(report: dict[str, Any]) -> list[str]:
+    """The context sizes the plan compiled the training passes at, and their memory."""
+    tried = (report.get("context") or {}).get("tried", [])
+    if len(tried) < 2:
+        return []
+    names = [n for n in TRAINING if n in tried[0]["programs"]]
+    lines = ["", f"context parallelism (mesh.context): chose {report['context']['chosen']}; "
+                 "per chip, GiB, temporaries / total:", "",
+             "| context | mesh | micro-batches | " + " | ".join(names) + " | fits |",
+             "|---|---|---|" + "---|" * len(names) + "---|"]
+    for t in tried:
+        cells = " | ".join(f"{t['programs'][n]['temp_bytes'] / GiB:.2f} / "
+                           f"{t['programs'][n]['total_bytes'] / GiB:.2f}" for n in names)
+        lines.append(f"| {t['context']} | {t['mesh']} | {t['micro_batches']} | {cells} | "
+                     f"{'yes' if t['fits'] else 'NO'} |")
+    return lines

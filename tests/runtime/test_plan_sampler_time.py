@@ -1,9 +1,9 @@
-"""plan.sampler_time: the static batch against slot refill on per-row lengths (pure
-arithmetic, no TPU needed)."""
+"""plan.sampler_time: the static batch against slot refill on per-row lengths, and the
+long-tail report `jaxrl-reason plan` prints (pure arithmetic, no TPU needed)."""
 import pytest
 
 from jaxrl_reason.models.config import get_preset
-from jaxrl_reason.runtime import plan
+from jaxrl_reason.runtime import plan, plan_sampler
 
 CHIP = plan.Chip("test chip", 16 * plan.GiB, 1e12, 1e9)
 
@@ -43,3 +43,37 @@ def test_sampler_time_static_vs_refill():
     assert refill["useful_tokens"] == static["useful_tokens"] == 30
     with pytest.raises(ValueError, match="holds no row"):
         plan.sampler_time(cfg, lengths, kv_budget_bytes=per_row / 2, **common)
+
+
+def test_long_tail_lengths_have_the_anchors_shape_at_any_length():
+    lengths = plan_sampler.long_tail_lengths(256, 512)
+    assert lengths == plan_sampler.long_tail_lengths(256, 512)  # deterministic
+    assert min(lengths) >= 8 and max(lengths) <= 512
+    # The anchors' spec: lognormal, median 96, clipped to [8, 512] (mean about 119).
+    assert 80 <= sorted(lengths)[128] <= 112
+    longer = plan_sampler.long_tail_lengths(64, 16384)
+    assert max(longer) <= 16384 and min(longer) >= 256
+    assert abs(sorted(longer)[32] / 16384 - sorted(lengths[:64])[32] / 512) < 0.02
+    with pytest.raises(ValueError, match="rows >= 1"):
+        plan_sampler.long_tail_lengths(0, 16)
+
+
+def test_long_tail_plan_budgets_the_hbm_left_beside_the_sampler_and_prints_both():
+    cfg = get_preset("bench-tiny")
+    common = dict(rows=16, max_new_tokens=64, prompt_len=8, num_prompts=2, slots=4,
+                  refill_every=2, chip=CHIP, n_dev=2)
+    lt = plan_sampler.long_tail_plan(cfg, weight_bytes_per_chip=4 * plan.GiB,
+                             other_bytes_per_chip=2 * plan.GiB, **common)
+    assert lt["kv_budget_bytes"] == 10 * plan.GiB  # 16 GiB HBM - weights - resident
+    assert lt["static"]["useful_tokens"] == lt["refill"]["useful_tokens"] == sum(
+        plan_sampler.long_tail_lengths(16, 64))
+    assert lt["refill"]["slots"] == 4 and lt["static"]["rows_at_once"] == 16
+    assert lt["refill"]["occupancy"] > lt["static"]["occupancy"]
+    text = plan_sampler.format_long_tail(lt)
+    assert "| static | 16 x 1 |" in text and "| refill (4 slots asked, every 2 steps) |" in text
+    # A budget that holds no row is reported as such, not raised.
+    tight = plan_sampler.long_tail_plan(cfg, weight_bytes_per_chip=0, other_bytes_per_chip=0,
+                                kv_budget_bytes=1.0, **common)
+    assert "holds no row" in tight["static"]["error"]
+    assert "holds no slot" in tight["refill"]["error"]
+    assert "holds no row" in plan_sampler.format_long_tail(tight)
