@@ -202,6 +202,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
     problems += _packing_problems(config)
+    problems += _sft_packing_problems(config)
     problems += _context_problems(config, num_devices)
     problems += _refill_problems(config, dp)
     problems += _partial_rollout_problems(config)
@@ -217,6 +218,27 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
 
 
 PACKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def _sft_packing_problems(config) -> list[str]:
+    """sft.packing (padding-free packs for the SFT step) and sft.pack_tokens."""
+    packing = _get(config, "sft.packing", False)
+    if not isinstance(packing, bool):
+        return [f"sft.packing: must be True or False, got {packing!r}"]
+    if not packing:
+        return []
+    tokens = _get(config, "sft.pack_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        return [f"sft.pack_tokens: must be an int >= 1 (tokens per pack) with sft.packing, "
+                f"got {tokens!r}"]
+    buckets, budget = (_get(config, "task.prompt_buckets", ()),
+                       _get(config, "sft.max_completion_length"))
+    if buckets and all(isinstance(b, int) for b in buckets) and isinstance(budget, int) \
+            and tokens < max(buckets) + budget - 1:
+        return [f"sft.pack_tokens: {tokens} cannot hold the longest row, "
+                f"{max(buckets) + budget - 1} tokens (largest task.prompt_buckets "
+                f"{max(buckets)} + sft.max_completion_length {budget} - 1)"]
+    return []
 
 
 def _packing_problems(config) -> list[str]:

@@ -14,7 +14,9 @@ sampling), which trains a student to reason in fewer tokens.
 
 The written file is a generic {prompt, answer} JSONL with a "completion" per record: the
 format `data.files.read_examples` reads and the "file" task trains SFT on
-(`read_sft_jsonl`); `student_config` is the run config that does so.
+(`read_sft_jsonl`); `student_config` is the run config that does so. The student's part
+(`student_config`, `distill_student`, `student_lora`, `train_student`) lives in
+`recipes/distill_student.py` and is re-exported here.
 
 `jaxrl-reason distill` and a pipeline's distill stage run the same parts resumably from a
 `DistillSettings` (a config's `distill` block, then flags): `sample_distill_data` (the
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import time
 from typing import Any, Mapping, Sequence
@@ -54,15 +55,13 @@ from jaxrl_reason.runtime import distributed
 from jaxrl_reason.runtime import paths
 from jaxrl_reason.data.files import FileSource, read_examples
 from jaxrl_reason.data.tasks import task_source, task_verifier
-from jaxrl_reason.runtime.metrics import MetricsWriter
 from jaxrl_reason.models import lora as lora_lib
-from jaxrl_reason.models.config import ModelConfig, get_preset
+from jaxrl_reason.models.config import get_preset
 from jaxrl_reason.rewards.pool import RewardPool, config_options, import_reward_modules
-from jaxrl_reason.runtime.build import Runtime, build_runtime
-from jaxrl_reason.recipes.sft import run_sft
-from jaxrl_reason.config.validation import check_config
+from jaxrl_reason.runtime.build import Runtime
+from jaxrl_reason.recipes.distill_student import (  # noqa: F401  (the student's part)
+    budget, distill_student, student_config, student_lora, train_student)
 
-_log = logging.getLogger(__name__)
 KEEP = ("all", "shortest")
 _SET_FIELDS = ("id", "prompt", "answer", "completion", "source_id", "sample", "length")
 _DROPPED_FIELDS = ("solution",)  # a file example's worked solution would rebuild a target
@@ -270,97 +269,6 @@ def read_sft_jsonl(path: str | os.PathLike) -> FileSource:
     return read_examples(path, format="jsonl", fields="generic", id_field="id")
 
 
-# ----------------------------------------------------------------------------- student
-
-
-def student_config(config: ml_collections.ConfigDict, data_path: str, *,
-                   model: ModelConfig | Mapping[str, Any] | None = None,
-                   sft: Mapping[str, Any] | None = None, num_examples: int | None = None,
-                   lora: bool | None = None) -> ml_collections.ConfigDict:
-    """The run config that SFTs a student on a distilled JSONL file.
-
-    A copy of `config` (the teacher's) with a "file" task reading `data_path` as written
-    (generic fields, ids from "id", no template, no length targets, no eval files), the
-    student's `model` (a ModelConfig, whose vocab_size is replaced by 0 = the tokenizer's
-    size, or a mapping of the config's `model` fields; None: the teacher's), `sft`
-    overrides (e.g. {"steps": 100, "batch_size": 16}; unknown keys are a ValueError) and
-    `sft.num_examples` = `num_examples` (default: every record, counted in the file) and
-    `sft.lora` = `lora` when not None (with `model.lora`: SFT trains only the adapters).
-    Returns a locked ConfigDict.
-    """
-    c = config.copy_and_resolve_references()
-    with c.unlocked():
-        c.name = f"{config.get('name', 'run')}_student"
-        t = c.task
-        t.name, t.train_file, t.format = "file", os.fspath(data_path), "jsonl"
-        t.preset, t.prompt_field, t.answer_field, t.id_field = "generic", "", "", "id"
-        t.on_error, t.template, t.length_targets = "raise", "", (0, 0)
-        t.train_levels, t.eval_levels = (), ()
-        t.eval_files = ml_collections.ConfigDict()
-        if model is not None:
-            fields = dataclasses.asdict(model) if isinstance(model, ModelConfig) else dict(model)
-            if isinstance(model, ModelConfig):
-                fields["vocab_size"] = 0  # the tokenizer's size (presets carry a placeholder)
-            c.model = ml_collections.ConfigDict(fields)
-        for key, value in dict(sft or {}).items():
-            if key not in c.sft:
-                raise ValueError(f"student sft override {key!r} is not an sft field "
-                                 f"(fields: {sorted(c.sft.keys())})")
-            c.sft[key] = value
-        if num_examples is None:
-            with open(data_path, "rb") as f:
-                num_examples = sum(1 for line in f if line.strip())
-        c.sft.num_examples = max(int(num_examples), 1)
-        if lora is not None:
-            c.sft.lora = bool(lora)
-    c.lock()
-    return c
-
-
-def distill_student(config: ml_collections.ConfigDict, data_path: str, workdir: str, *,
-                    tokenizer, model: ModelConfig | Mapping[str, Any] | None = None,
-                    sft: Mapping[str, Any] | None = None, init_params: Any = None,
-                    writer: MetricsWriter | None = None, resume: bool = True,
-                    lora: bool | None = None,
-                    base_checkpoint: str | None = None) -> tuple[Any, Runtime]:
-    """SFTs a student on a distilled data set with our cold-start SFT (`sft.run_sft`).
-
-    Args:
-      config: the teacher's run config (mesh, rules, buckets, checkpoint and log settings).
-      data_path: a `write_sft_jsonl` file.
-      workdir: the student's run directory (checkpoints under `checkpoints/sft`, loadable
-        with `run_state.load_params`; metrics.jsonl).
-      tokenizer: the teacher's tokenizer (the records are the teacher's texts; the student
-        shares its vocabulary).
-      model, sft: the student's model and SFT overrides (see `student_config`).
-      init_params: the student's starting params (None: random init from config.seed).
-      writer: metrics writer (default: `<workdir>/metrics.jsonl`, no tensorboard).
-      resume: continue from the newest complete SFT checkpoint in `workdir`.
-      lora: the student's `sft.lora` (None: the config's): with `model.lora`, only adapters
-        train and the checkpoints hold them and a fingerprinted reference to the base.
-      base_checkpoint: the checkpoint `init_params` came from, named as that base.
-    Returns:
-      (params, runtime) of the student.
-    Raises:
-      ConfigError (a ValueError) listing config problems; ValueError when the file has no
-      usable record.
-    """
-    c = student_config(config, data_path, model=model, sft=sft, lora=lora)
-    check_config(c, jax.device_count())
-    rt = build_runtime(c, workdir, tokenizer=tokenizer)
-    own_writer = writer is None
-    if own_writer:
-        writer = MetricsWriter(workdir, tensorboard=False, console=False,
-                               enabled=distributed.is_primary())
-    try:
-        params = run_sft(rt, writer, params=init_params, resume=resume,
-                         base_checkpoint=base_checkpoint)
-    finally:
-        if own_writer:
-            writer.close()
-    return params, rt
-
-
 # ----------------------------------------------------------------------------- runs
 
 
@@ -387,6 +295,8 @@ class DistillSettings:
         third stage).
       student_steps: the student's SFT steps; 0 = config.sft.steps.
       student_learning_rate: its peak SFT rate; 0 = config.sft.learning_rate.
+      student_packing: the student's SFT on padding-free packs (`sft.packing`, with
+        `sft.pack_tokens` raised to hold its longest row; docs/packing.md).
     """
     num_prompts: int = 256
     num_samples: int = 8
@@ -404,6 +314,7 @@ class DistillSettings:
     student_init: str = "random"
     student_steps: int = 0
     student_learning_rate: float = 0.0
+    student_packing: bool = False
 
 
 STUDENT_INITS = ("random", "teacher")
@@ -447,6 +358,9 @@ def settings_from(config: ml_collections.ConfigDict, **overrides: Any) -> Distil
             get_preset(s.student_preset)
         except ValueError as e:
             problems.append(f"distill.student_preset: {e}")
+    if not isinstance(s.student_packing, bool):
+        problems.append(f"distill.student_packing: must be True or False, got "
+                        f"{s.student_packing!r}")
     if not 0.0 < s.temperature <= 10.0:
         problems.append(f"distill.temperature: must be in (0, 10], got {s.temperature!r}")
     if not 0.0 < s.top_p <= 1.0:
@@ -457,11 +371,6 @@ def settings_from(config: ml_collections.ConfigDict, **overrides: Any) -> Distil
     if problems:
         raise ValueError("invalid distill settings:\n  - " + "\n  - ".join(problems))
     return s
-
-
-def budget(config: ml_collections.ConfigDict, settings: DistillSettings) -> int:
-    """The teacher's token budget: settings.max_new_tokens, else config.rl.max_new_tokens."""
-    return settings.max_new_tokens or int(config.rl.max_new_tokens)
 
 
 def distill_prompts(config: ml_collections.ConfigDict, settings: DistillSettings) -> list[dict]:
@@ -508,68 +417,6 @@ def sample_distill_data(rt: Runtime, params, data_path: str,
             f"more (num_samples, num_prompts), raise max_new_tokens or use a stronger teacher")
     write_sft_jsonl(data_path, records)
     return stats, False
-
-
-def student_lora(teacher_model: ModelConfig, settings: DistillSettings,
-                 sft_lora: bool) -> tuple[bool, str]:
-    """(whether the student trains LoRA adapters, why it does not although the teacher's
-    model has `model.lora`: a message, "" otherwise).
-
-    With student_init "teacher" the student is the teacher's frozen base plus adapters (the
-    teacher's, or fresh ones). A new student (student_init "random" or a student_preset) is
-    trained fully: adapters on a random base learn nothing useful; `sft.lora` still asks
-    for adapters on the random base of the teacher's model, as in SFT.
-    """
-    if teacher_model.lora is None:
-        return False, ""
-    if settings.student_preset:
-        return False, (f"distill: model.lora is set, but distill.student_preset="
-                       f"{settings.student_preset!r} makes a new model without adapters: the "
-                       f"student is trained fully (every parameter); use student_init=teacher "
-                       f"to train adapters on the teacher's frozen base")
-    if settings.student_init == "teacher" or sft_lora:
-        return True, ""
-    return False, ("distill: model.lora is set, but student_init=random makes a new student "
-                   "and adapters on a random base learn nothing useful: the student is "
-                   "trained fully (every parameter); use student_init=teacher to train "
-                   "adapters on the teacher's frozen base")
-
-
-def train_student(config: ml_collections.ConfigDict, data_path: str, workdir: str, *,
-                  tokenizer, teacher_params, teacher_model: ModelConfig,
-                  settings: DistillSettings, writer: MetricsWriter | None = None,
-                  teacher_checkpoint: str = "") -> tuple[Any, Runtime]:
-    """SFTs the student of `settings` on `data_path` in `workdir` (`distill_student`),
-    resuming from its checkpoints: a finished student is loaded, not retrained.
-
-    With student_init "teacher" the teacher's params become the student's starting point
-    (and are donated to its first update). With `model.lora` that student trains only
-    adapters (`student_lora`; a fully trained one is announced as a warning) and its
-    checkpoints name `teacher_checkpoint` (the directory `teacher_params` were loaded from)
-    as their frozen base. The student's completion budget covers the teacher's (`budget` +
-    16 tokens for re-tokenization). Returns (params, runtime).
-    Raises ValueError when a LoRA student of the teacher has no `teacher_checkpoint`.
-    """
-    lora, note = student_lora(teacher_model, settings, bool(config.sft.get("lora", False)))
-    if note and distributed.is_primary():
-        _log.warning(note)
-    from_teacher = settings.student_init == "teacher"
-    if lora and from_teacher and not teacher_checkpoint:
-        raise ValueError("distill: a LoRA student of the teacher (model.lora, student_init="
-                         "teacher) needs the teacher's checkpoint directory, which its "
-                         "checkpoints name as their frozen base; pass teacher_checkpoint")
-    model = get_preset(settings.student_preset) if settings.student_preset else teacher_model
-    sft: dict[str, Any] = {"max_completion_length": max(int(config.sft.max_completion_length),
-                                                        budget(config, settings) + 16)}
-    if settings.student_steps:
-        sft["steps"] = settings.student_steps
-        sft["warmup_steps"] = min(int(config.sft.warmup_steps), settings.student_steps // 10)
-    if settings.student_learning_rate:
-        sft["learning_rate"] = settings.student_learning_rate
-    init = teacher_params if from_teacher else None
-    return distill_student(config, data_path, workdir, tokenizer=tokenizer, model=model,
-                           sft=sft, init_params=init, writer=writer, resume=True, lora=lora,
-                           base_checkpoint=teacher_checkpoint if from_teacher else None)
 
 
 def same_model_runtime(rt: Runtime, other: Runtime) -> Runtime:

@@ -2,7 +2,10 @@
 
 The batch layout is the RL trainer's (prompts left-padded to a bucket, completions
 right-padded and ending with EOS), so SFT, RL and evaluation score sequences with the same
-`completion_logprobs`.
+`completion_logprobs`. With `sft.packing` the step runs on padding-free packs of
+`sft.pack_tokens` tokens (`rl/packing.py`, a prompt per row) and `packed_logprobs` reads the
+same per-row log-probs back: the loss and its metrics are the padded step's, up to float
+summation order.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from jaxrl_reason.models.lora import dropout_key
 from jaxrl_reason.models.lora_params import for_training
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
+from jaxrl_reason.rl import packing
+from jaxrl_reason.rl.update import packed_logprobs
 from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.runtime.progress import ProgressBar
 from jaxrl_reason.data.tasks import task_source
@@ -84,26 +89,61 @@ def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion
             "completion_tokens": tokens, "completion_mask": mask}
 
 
-def sft_loss(model, params, batch, dropout_rng=None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def sft_packer(rt: Runtime) -> packing.Packer | None:
+    """The SFT run's packer with `sft.packing` (None without): T = sft.pack_tokens, rows of
+    at most max(task.prompt_buckets) + sft.max_completion_length - 1 tokens, pack counts
+    multiples of the data-parallel size."""
+    cfg = rt.config.sft
+    if not cfg.get("packing", False):
+        return None
+    return packing.Packer(cfg.pack_tokens, cfg.batch_size,
+                          max(rt.config.task.prompt_buckets) + cfg.max_completion_length - 1,
+                          shd.data_parallel_size(rt.mesh, rt.rules),
+                          packing.shares_prompts(rt.model_cfg))
+
+
+def packed_sft_batch(batch: Mapping[str, np.ndarray],
+                     packer: packing.Packer) -> dict[str, np.ndarray]:
+    """`sft_batch`'s arrays as packs: completion_mask f32 [B, Lc] and the
+    `packing.Packs.arrays()` of its rows (a prompt per row; pack_index [B, Lc])."""
+    mask = np.asarray(batch["completion_mask"])
+    packs = packer(batch["prompt_tokens"], batch["prompt_valid"], batch["completion_tokens"],
+                   (mask > 0).sum(axis=1))
+    return {"completion_mask": mask, **packs.arrays()}
+
+
+def sft_loss(model, params, batch, dropout_rng=None,
+             share_prompts: bool | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean negative log-likelihood over completion tokens. Returns (loss f32 [], metrics).
-    dropout_rng: the LoRA dropout key (`lora.dropout_key`), or None."""
-    logp, _ = completion_logprobs(model, params, batch["prompt_tokens"], batch["prompt_valid"],
-                                  batch["completion_tokens"], batch["completion_mask"],
-                                  with_entropy=False, dropout_rng=dropout_rng)
+    dropout_rng: the LoRA dropout key (`lora.dropout_key`), or None. share_prompts: None
+    for `sft_batch`'s padded rows, else the batch is `packed_sft_batch`'s and this is its
+    packer's `share_prompts`."""
+    if share_prompts is None:
+        logp, _ = completion_logprobs(model, params, batch["prompt_tokens"],
+                                      batch["prompt_valid"], batch["completion_tokens"],
+                                      batch["completion_mask"], with_entropy=False,
+                                      dropout_rng=dropout_rng)
+    else:
+        logp, _ = packed_logprobs(model, params, batch, temperature=1.0,
+                                  share_prompts=share_prompts, with_entropy=False,
+                                  dropout_rng=dropout_rng)
     tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
     loss = -jnp.sum(logp) / tokens
     return loss, {"loss": loss, "tokens": tokens}
 
 
-def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0):
+def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0,
+                  share_prompts: bool | None = None):
     """The jitted, state-donating SFT update: (state, batch) -> (state, metrics).
     mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
-    dropout_seed: LoRA dropout's masks are folded from it and the optimizer step."""
+    dropout_seed: LoRA dropout's masks are folded from it and the optimizer step.
+    share_prompts: None for padded batches, else packed ones (`sft_loss`)."""
 
     def step(state: TrainState, batch):
         # only the LoRA adapters when the params hold any (train_state.value_and_grad)
         rng = dropout_key(model.cfg.lora, dropout_seed, state.step)  # LoRA dropout, if any
-        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch, rng), has_aux=True)
+        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch, rng, share_prompts),
+                                 has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
@@ -152,15 +192,19 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
         return state.params
 
     writer.truncate("sft", after_step=start)  # a resumed run rewrites the steps it redoes
+    packer = sft_packer(rt)  # sft.packing: rows of one length, only the pack count varies
     step_fn = make_sft_step(rt.model, optimizer, rt.mesh, rt.rules,
-                            dropout_seed=rt.config.seed + 4)
+                            dropout_seed=rt.config.seed + 4,
+                            share_prompts=None if packer is None else packer.share_prompts)
     guard = SkipGuard("sft", rt.config.guards.max_consecutive_skips)
     with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
         bar.update(start)
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.time()
             examples = next(data)
-            batch = sft_batch(rt, examples, cfg.max_completion_length, cfg.length_bucket)
+            batch = sft_batch(rt, examples, cfg.max_completion_length,
+                              cfg.length_bucket if packer is None else None)
+            batch = batch if packer is None else packed_sft_batch(batch, packer)
             state, metrics = step_fn(state, {k: rt.put(v) for k, v in batch.items()})
             metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
             metrics["step_time_s"] = time.time() - t0
