@@ -5,7 +5,7 @@
 #   RUN_ANCHORS=0 bash benchmarks/compare.sh     # anchors from their results.json instead
 #   QUICK=1 bash benchmarks/compare.sh           # "test" preset, seconds: behaviour only
 #   REUSE=1 OUT=DIR bash benchmarks/compare.sh   # only the table, from DIR's earlier results
-#   LONG_TAIL=1 bash benchmarks/compare.sh       # only the long_tail rows, ~20 min on 1 core
+#   LONG_TAIL=1 bash benchmarks/compare.sh       # only the long_tail rows, ~7 min on 1 core
 #   LONG_TAIL=0 bash benchmarks/compare.sh       # without the long_tail rows
 #   LONG_TAIL=1 LONG_TAIL_ANCHORS=hf_continuous_batching bash benchmarks/compare.sh  # one anchor
 # long_tail (spec "long_tail", bench-tiny; each row stops at its own seeded length): ours is

@@ -371,8 +371,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", choices=("sampler", "long_tail"), default="sampler",
                     help="the spec's fixed-length sampler workload, or long_tail (slot "
                          "refill against the static batch on per-row lengths)")
-    ap.add_argument("--slots", type=int, default=32,
-                    help="long_tail: slots of the refill sampler (rl.max_num_seqs)")
+    ap.add_argument("--slots", type=int, default=40,
+                    help="long_tail: slots of the refill sampler (rl.max_num_seqs; 40 was "
+                         "the fastest of 32-128 on the spec's 256 rows, docs/speed.md)")
     ap.add_argument("--refill-every", type=int, default=8,
                     help="long_tail: decode steps between refills")
     ap.add_argument("--sweep-refill-every", type=int, nargs="*",
