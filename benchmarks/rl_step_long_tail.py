@@ -51,12 +51,13 @@ from jaxrl_reason.sampling.sampler import round_up  # noqa: E402
 
 # --workload long_tail: the rl_step batch (8 prompts x 8) over the spec's long_tail prompts
 # and lengths (32 prompts x 8 rows, 4 steps' worth, then again); max 512 new tokens.
-LONG_TAIL = {**rl_step.WORKLOAD, "max_completion_length": 512, "dataset_size": 32, "timed_steps": 4,
-             "max_num_seqs": 32, "refill_every": 8, "rollout_token_budget": 128,
-             "max_rollout_age": 4, "tis_cap": 2.0, "pack_tokens": 768}
-LONG_TAIL_QUICK = {**rl_step.QUICK, "max_completion_length": 16, "timed_steps": 2, "max_num_seqs": 4,
-                   "refill_every": 4, "rollout_token_budget": 4, "max_rollout_age": 4,
-                   "tis_cap": 2.0, "pack_tokens": 64}
+LONG_TAIL = {**rl_step.WORKLOAD, "max_completion_length": 512, "dataset_size": 32,
+             "timed_steps": 4, "max_num_seqs": 32, "refill_every": 8,
+             "rollout_token_budget": 128, "max_rollout_age": 4, "tis_cap": 2.0,
+             "pack_tokens": 768}
+LONG_TAIL_QUICK = {**rl_step.QUICK, "max_completion_length": 16, "timed_steps": 2,
+                   "max_num_seqs": 4, "refill_every": 4, "rollout_token_budget": 4,
+                   "max_rollout_age": 4, "tis_cap": 2.0, "pack_tokens": 64}
 
 
 VARIANTS = ("static", "refill", "refill_partial")

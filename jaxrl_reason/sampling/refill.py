@@ -10,14 +10,16 @@ the next queued row. The whole batch runs in ONE jitted call, the queue on devic
                 its first token)
         decode `chunk` steps: one token for every busy slot, each slot at its own step,
                 attending over the narrowest of `decode_stages` cache widths that holds
-                every busy slot's columns (`column_widths`; a copy of those columns)
+                every busy slot's columns (`column_widths`; a copy of those columns,
+                made when the width needed changes)
 
 Cache layout, per slot, Tp + L columns: the prompt in [0, Tp), generated token t (fed back
 at step t + 1) in Tp + t, and a scratch column C - 1 = Tp + L - 1. The model writes a step's
 key/value at one cache index shared by the batch, so every slot writes at the scratch
-column and attends over its own columns (the key mask is per slot); the scratch column is
-then copied to the slot's column Tp + t. Slots at different steps thus share one program
-with static shapes: one compile per (slots, Tp, L), none between calls.
+column and attends over its own columns (the key mask is per slot); the next step first
+copies the scratch column to the slot's column Tp + t (before the model writes the scratch
+again, so that XLA updates the cache in place). Slots at different steps thus share one
+program with static shapes: one compile per (slots, Tp, L), none between calls.
 
 The KV cache holds S * (Tp + L) + P * Tp slots instead of the static batch's
 P * G * (Tp + L - 1): memory is set by the slots. Row r draws its t-th token with
