@@ -119,7 +119,7 @@ class RLTrainer:
         # critic's advantages are per token: its passes take a prompt per row, no row is
         # skipped, and the KL in the reward goes into its token rewards.
         self.logprobs = LogprobPasses(rt, rl)  # rl.packing: passes on padding-free packs
-        self.packed = self.logprobs.packed
+        self.packed, self.logprob_fn = self.logprobs.packed, self.logprobs.padded_fn
         self.advantage_source = (Critic(rt, rl, init_params, ref_params,
                                         policy_params=lambda: self.state.params,
                                         share_prompts=self.packed and self.packed.share_prompts)
