@@ -30,6 +30,12 @@ segment_ids[b, t] or prompt_segment_ids[b, t]. Only the reference computes that 
 kernels know segment equality only: they fall back, logged once), and not in a
 sliding-window layer (the window counts slots). Outputs at padding positions (key_valid
 False or segment 0) are unspecified: callers mask them.
+
+Context parallelism: under an `activation_sharding` context whose rules split the
+activations' `length` over mesh axes (the `context` axis, `runtime.sharding`), a call
+without a cache whose length divides by those axes runs
+`context_parallel.context_parallel_attention`: each shard's queries over the whole
+sequence's keys and values, gathered along them.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ _NOTED: set[tuple[str, str]] = set()
 
 def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
                    window: int | None = None, segment_ids: jax.Array | None = None,
-                   prompt_segment_ids: jax.Array | None = None) -> jax.Array:
+                   prompt_segment_ids: jax.Array | None = None,
+                   kv_segment_ids: jax.Array | None = None) -> jax.Array:
     """Causal + validity (+ sliding-window) (+ same-segment) mask.
 
     Args:
@@ -67,6 +74,9 @@ def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
         of its own segment.
       prompt_segment_ids: optional int32 [B, T], with segment_ids: a query also sees the
         keys of segment prompt_segment_ids[b, t] (its group's shared prompt).
+      kv_segment_ids: optional int32 [B, S], the keys' segments when they are not the
+        queries' (a context shard's queries over the whole sequence's keys); default
+        segment_ids.
     Returns: bool [B, T, S].
     """
     query_slot = cache_index + jnp.arange(num_queries)[:, None]
@@ -76,9 +86,10 @@ def attention_mask(key_valid: jax.Array, num_queries: int, cache_index,
         allowed = allowed & (query_slot - key_slot < window)
     mask = allowed[None] & key_valid[:, None, :]
     if segment_ids is not None:
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        keys = segment_ids if kv_segment_ids is None else kv_segment_ids
+        same = segment_ids[:, :, None] == keys[:, None, :]
         if prompt_segment_ids is not None:
-            same = same | (prompt_segment_ids[:, :, None] == segment_ids[:, None, :])
+            same = same | (prompt_segment_ids[:, :, None] == keys[:, None, :])
         mask = mask & same
     return mask
 
@@ -308,6 +319,12 @@ def attend(cfg, q, k, v, key_valid, cache_index, window, *, head_major: bool,
                          f"queries over {k.shape[2 if head_major else 1]} key slots")
     decode = head_major and length == 1
     impl = resolve_impl(cfg.attention_impl)
+    from jaxrl_reason.models import context_parallel  # it builds on this module
+
+    shards = None if head_major else context_parallel.context_shards(length)
+    if shards is not None:
+        return context_parallel.context_parallel_attention(
+            cfg, impl, q, k, v, key_valid, window, segment_ids, prompt_segment_ids, *shards)
     if impl != "reference" and not decode:
         reason = ("the shared-prompt mask (prompt_segment_ids) is not segment equality"
                   if prompt_segment_ids is not None else
@@ -398,42 +415,58 @@ def splash_attention(cfg, q, k, v, q_ids, kv_ids, first_slot: int, window) -> ja
     return out[:, :length]
 
 
-def _splash_local(cfg, blocks, first_slot, q, k, v, q_ids, kv_ids, window):
-    """`splash_attention` on one device's (or the whole) arrays, already padded and scaled:
-    q [B, Tp, K, G, hd], k, v [B, Sp, K, hd], q_ids [B, Tp], kv_ids [B, Sp]."""
+def _splash_kernel(cfg, heads: int, shape: tuple[int, int], blocks: tuple[int, int],
+                   first_slot: int, win: int | None, q_seq_shards: int = 1):
+    """The splash kernel (`make_splash_mha`) of `heads` heads over a [queries, keys] `shape`
+    mask: causal at offset first_slot, or `LocalMask` with window (win - 1, 0); tiles
+    `blocks` (q, kv); the mask's query axis split into `q_seq_shards` shards (context
+    parallelism: each shard's kernel then holds its own rows of the mask)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    batch, padded_q, kv_heads, groups, head_dim = q.shape
-    padded_kv = k.shape[1]
-    heads_q = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads * groups, padded_q,
-                                                        head_dim)   # head k*G+g uses kv head k
-    heads_k, heads_v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))
     block_q, block_kv = blocks
     sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
                               block_q_dkv=block_q, block_kv_dkv=block_kv,
                               block_kv_dkv_compute=block_kv, block_q_dq=block_q,
                               block_kv_dq=block_kv)
-    interpret = platform.current() != "tpu"
+    one = (splash.CausalMask(shape, offset=first_slot) if win is None else
+           splash.LocalMask(shape, window_size=(win - 1, 0), offset=first_slot))
+    return splash.make_splash_mha(splash.MultiHeadMask([one] * heads), block_sizes=sizes,
+                                  head_shards=1, q_seq_shards=q_seq_shards,
+                                  attn_logits_soft_cap=cfg.attn_logit_softcap,
+                                  interpret=platform.current() != "tpu")
+
+
+def _splash_apply(fn, q, k, v, q_ids, kv_ids):
+    """The splash kernel `fn` on q [B, Tq, K, G, hd] over k, v [B, S, K, hd] with segment
+    ids q_ids int32 [B, Tq], kv_ids int32 [B, S], one kernel call per example (`vmap`).
+    Returns [B, Tq, K, G, hd] in q's dtype."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    batch, length, kv_heads, groups, head_dim = q.shape
+    heads_q = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads * groups, length,
+                                                        head_dim)   # head k*G+g uses kv head k
+    heads_k, heads_v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))
+    ids = splash.SegmentIds(q=q_ids, kv=kv_ids)
+    out = jax.vmap(fn, in_axes=(0, 0, 0, splash.SegmentIds(0, 0)))(
+        heads_q, heads_k, heads_v, ids)                              # [B, H, Tq, hd]
+    out = out.reshape(batch, kv_heads, groups, length, head_dim)
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(q.dtype)
+
+
+def _splash_local(cfg, blocks, first_slot, q, k, v, q_ids, kv_ids, window):
+    """`splash_attention` on one device's (or the whole) arrays, already padded and scaled:
+    q [B, Tp, K, G, hd], k, v [B, Sp, K, hd], q_ids [B, Tp], kv_ids [B, Sp]."""
+    heads, shape = q.shape[2] * q.shape[3], (q.shape[1], k.shape[1])
 
     def kernel(win: int | None):
-        shape = (padded_q, padded_kv)
-        one = (splash.CausalMask(shape, offset=first_slot) if win is None else
-               splash.LocalMask(shape, window_size=(win - 1, 0), offset=first_slot))
-        mask = splash.MultiHeadMask([one] * (kv_heads * groups))
-        fn = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                    attn_logits_soft_cap=cfg.attn_logit_softcap,
-                                    interpret=interpret)
-        ids = splash.SegmentIds(q=q_ids, kv=kv_ids)
-        return jax.vmap(fn, in_axes=(0, 0, 0, splash.SegmentIds(0, 0)))(
-            heads_q, heads_k, heads_v, ids)                          # [B, H, Tp, hd]
+        fn = _splash_kernel(cfg, heads, shape, blocks, first_slot, win)
+        return _splash_apply(fn, q, k, v, q_ids, kv_ids)
 
     if window is None or isinstance(window, int):
-        out = kernel(window)
-    else:  # the scanned stack's per-layer window: local or global, picked at run time
-        out = jax.lax.cond(window == cfg.sliding_window,
-                           lambda: kernel(cfg.sliding_window), lambda: kernel(None))
-    out = out.reshape(batch, kv_heads, groups, padded_q, head_dim)
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(q.dtype)
+        return kernel(window)
+    # the scanned stack's per-layer window: local or global, picked at run time
+    return jax.lax.cond(window == cfg.sliding_window,
+                        lambda: kernel(cfg.sliding_window), lambda: kernel(None))
 
 
 def cudnn_attention(cfg, q, k, v, q_ids, kv_ids, first_slot: int, window) -> jax.Array:
@@ -452,4 +485,3 @@ def cudnn_attention(cfg, q, k, v, q_ids, kv_ids, first_slot: int, window) -> jax
         local_window_size=None if window is None else (window - 1, 0),
         implementation="cudnn")
     return out.reshape(q.shape).astype(q.dtype)
-

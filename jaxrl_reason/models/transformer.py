@@ -44,11 +44,21 @@ from jaxrl_reason.models.attention import (attention_mask, causal_query_blocks, 
                                            scale_dim_of)
 from jaxrl_reason.models.matmul import cpu_float32 as _cpu_float32
 from jaxrl_reason.models.matmul import einsum_f32, narrow_transpose_matmul  # noqa: F401
-from jaxrl_reason.runtime.sharding import constrain, unsharded_length
+from jaxrl_reason.runtime.sharding import (activation_context, constrain, context_parallel_size,
+                                            unsharded_length)
 
 Cache = tuple  # tuple[dict[str, jax.Array], ...], one entry per layer
 CACHE_LOGICAL = ("batch", "kv_heads", "cache_length", "head_dim")
 ACTIVATION_LOGICAL = ("batch", "length", "embed")  # the residual stream [B, T, D]
+
+
+def _narrow_matmuls(dtype) -> bool:
+    """Whether the model's matmuls take `narrow_transpose_matmul` (CPU float32), except
+    under context parallelism: that backward flattens the [B, T] rows of a weight gradient,
+    which the partitioner cannot keep split over batch and context at once (it gathered the
+    whole sequence of every MLP activation instead)."""
+    ctx = activation_context()
+    return _cpu_float32(dtype) and (ctx is None or context_parallel_size(*ctx) == 1)
 
 
 def _init(cfg: ModelConfig, logical: Sequence[str | None], std: float | None = None):
@@ -251,7 +261,7 @@ def projection(cfg: ModelConfig, qualified: str, features: tuple, contract: int,
     `cfg.lora`: adapted when a LoRA target matches it, its kernel quantized per
     `cfg.lora.base_quant`. Same params layout and values as the flax Dense it replaces."""
     dtype = jnp.dtype(cfg.dtype)
-    dot = (cpu_dense_dot_general if _cpu_float32(dtype) and len(features) == 1
+    dot = (cpu_dense_dot_general if _narrow_matmuls(dtype) and len(features) == 1
            and contract == 1 else None)
     return Projection(features=tuple(features), contract=contract, use_bias=use_bias,
                       dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
@@ -269,7 +279,7 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.cfg
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        dot = cpu_dense_dot_general if _cpu_float32(dtype) else None
+        dot = cpu_dense_dot_general if _narrow_matmuls(dtype) else None
         if cfg.lora is not None:
             dense = lambda feats, logical, name: projection(  # noqa: E731
                 cfg, f"mlp.{name}", (feats,), 1, logical, False)
@@ -419,7 +429,7 @@ class Transformer(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> float32 logits [..., V] (with Gemma-2 soft-capping if set)."""
         w = self.unembedding().astype(hidden.dtype)
-        if _cpu_float32(hidden.dtype):
+        if _narrow_matmuls(hidden.dtype):
             logits = narrow_transpose_matmul(hidden, w)
         else:
             logits = einsum_f32("...d,dv->...v", hidden, w)
