@@ -3,8 +3,8 @@ on 8 fake devices, the packed log-prob pass and the packed GRPO update with the 
 split over 4 context shards equal the same programs with context = 1, in float32 within the
 bounds of tests/numerics.py: with segment ids and shared prompts, and in a sliding-window
 model. The compiled program gathers keys/values along `context` (no full replication of the
-activations), splash under context parallelism (interpreted) equals the reference, and the
-config names the knob that does not fit."""
+activations), sampling is unchanged, splash under context parallelism (interpreted) equals
+the reference, and the config names the knob that does not fit."""
 import dataclasses
 import importlib.util
 import logging
@@ -27,6 +27,7 @@ from jaxrl_reason.rl import packing
 from jaxrl_reason.rl.update import make_update_fn, packed_logprobs
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.runtime.train_state import create_train_state
+from jaxrl_reason.sampling.sampler import Sampler
 from numerics import attention_loss_tolerances, attention_tolerance, decoder_grad_tolerance, \
     decoder_tolerance, policy_loss_magnitudes, policy_loss_tolerances
 
@@ -280,6 +281,26 @@ def test_splash_falls_back_on_shards_off_its_tile(monkeypatch, caplog):
     assert len(notes) == 1 and "context shard's 10 queries" in notes[0], notes
     np.testing.assert_allclose(got, want, rtol=0, atol=attention_tolerance(
         q, k, v, keys=T, scale=cfg.head_dim ** -0.5))
+
+
+def test_sampling_is_unchanged_by_the_context_axis():
+    """The sampler's programs keep the sequence whole under cp: the same tokens and
+    log-probs at context 4 as at context 1 (rows over data 2 in both)."""
+    cfg = _cfg(False)
+    model = Transformer(cfg)
+    prompt, valid, _, _, _ = _rows()
+    # 8-token prompts: a prefill length that would split over 4 context shards
+    prompt, valid = np.pad(prompt, ((0, 0), (2, 0))), np.pad(valid, ((0, 0), (2, 0)))
+    outs = []
+    for mesh in _meshes():
+        params = init_params(cfg, jax.random.key(0), mesh, RULES)
+        sampler = Sampler(model, eos_ids=(1,), pad_id=0, mesh=mesh, rules=RULES)
+        out = sampler(params, shd.put_batch(mesh, RULES, prompt),
+                      shd.put_batch(mesh, RULES, valid), jax.random.key(1), num_samples=2,
+                      max_new_tokens=8, temperature=1.0)
+        outs.append((np.asarray(out.tokens), np.asarray(out.logprobs)))
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])
 
 
 @pytest.mark.parametrize("change, match", [
