@@ -220,47 +220,46 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
 PACKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
-def _sft_packing_problems(config) -> list[str]:
-    """sft.packing (padding-free packs for the SFT step) and sft.pack_tokens."""
-    packing = _get(config, "sft.packing", False)
+def _pack_knob_problems(config, section: str, budget_key: str) -> list[str] | None:
+    """`<section>.packing` and `<section>.pack_tokens` (section "rl" or "sft"): the flag is
+    a bool, the pack holds the longest row (largest task.prompt_buckets + `budget_key` - 1
+    tokens) and, under context parallelism, divides by mesh.context. None when packing is
+    off; else the problems (empty when none)."""
+    packing = _get(config, f"{section}.packing", False)
     if not isinstance(packing, bool):
-        return [f"sft.packing: must be True or False, got {packing!r}"]
+        return [f"{section}.packing: must be True or False, got {packing!r}"]
     if not packing:
-        return []
-    tokens = _get(config, "sft.pack_tokens")
+        return None
+    tokens = _get(config, f"{section}.pack_tokens")
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        return [f"sft.pack_tokens: must be an int >= 1 (tokens per pack) with sft.packing, "
-                f"got {tokens!r}"]
-    buckets, budget = (_get(config, "task.prompt_buckets", ()),
-                       _get(config, "sft.max_completion_length"))
+        return [f"{section}.pack_tokens: must be an int >= 1 (tokens per pack) with "
+                f"{section}.packing, got {tokens!r}"]
+    problems = []
+    buckets, budget = _get(config, "task.prompt_buckets", ()), _get(config, budget_key)
     if buckets and all(isinstance(b, int) for b in buckets) and isinstance(budget, int) \
             and tokens < max(buckets) + budget - 1:
-        return [f"sft.pack_tokens: {tokens} cannot hold the longest row, "
-                f"{max(buckets) + budget - 1} tokens (largest task.prompt_buckets "
-                f"{max(buckets)} + sft.max_completion_length {budget} - 1)"]
-    return []
+        problems.append(f"{section}.pack_tokens: {tokens} cannot hold the longest row, "
+                        f"{max(buckets) + budget - 1} tokens (largest task.prompt_buckets "
+                        f"{max(buckets)} + {budget_key} {budget} - 1)")
+    context = _get(config, "mesh.context", 1)
+    if isinstance(context, int) and context > 1 and tokens % context:
+        problems.append(f"{section}.pack_tokens: {tokens} does not divide by "
+                        f"mesh.context={context} (each context shard holds pack_tokens / "
+                        "context tokens)")
+    return problems
+
+
+def _sft_packing_problems(config) -> list[str]:
+    """sft.packing (padding-free packs for the SFT step) and sft.pack_tokens."""
+    return _pack_knob_problems(config, "sft", "sft.max_completion_length") or []
 
 
 def _packing_problems(config) -> list[str]:
     """rl.packing (padding-free packs for the log-prob passes and the update) and
     rl.pack_tokens, and what packing does not cover."""
-    packing = _get(config, "rl.packing", False)
-    if not isinstance(packing, bool):
-        return [f"rl.packing: must be True or False, got {packing!r}"]
-    if not packing:
+    problems = _pack_knob_problems(config, "rl", "rl.max_new_tokens")
+    if problems is None:
         return []
-    tokens = _get(config, "rl.pack_tokens")
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        return [f"rl.pack_tokens: must be an int >= 1 (tokens per pack) with rl.packing, "
-                f"got {tokens!r}"]
-    problems = []
-    buckets, budget = _get(config, "task.prompt_buckets", ()), _get(config, "rl.max_new_tokens")
-    if buckets and all(isinstance(b, int) for b in buckets) and isinstance(budget, int):
-        longest = max(buckets) + budget - 1
-        if tokens < longest:
-            problems.append(f"rl.pack_tokens: {tokens} cannot hold the longest row, "
-                            f"{longest} tokens (largest task.prompt_buckets {max(buckets)} + "
-                            f"rl.max_new_tokens {budget} - 1)")
     loss_type = _get(config, "rl.loss_type")
     if loss_type not in PACKED_LOSS_TYPES:
         problems.append(f"rl.packing: packs the {'/'.join(PACKED_LOSS_TYPES)} losses, not "
@@ -274,8 +273,8 @@ def _packing_problems(config) -> list[str]:
 
 def _context_problems(config, num_devices: int) -> list[str]:
     """mesh.context (context parallelism): it must divide the devices, the sharding rules
-    must map the activations' "length" onto it, and the sequences it splits (the packs of
-    rl.packing, rl.pack_tokens tokens) must divide by it."""
+    must map the activations' "length" onto it, and it splits the packed passes, so
+    rl.packing is on (`_pack_knob_problems` checks that pack_tokens divides by it)."""
     context = _get(config, "mesh.context", 1)
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         return [] if context == -1 else [
@@ -294,10 +293,6 @@ def _context_problems(config, num_devices: int) -> list[str]:
     if not _get(config, "rl.packing", False):
         problems.append(f"mesh.context: context parallelism ({context}) splits the packed "
                         "training passes; set rl.packing=True")
-    tokens = _get(config, "rl.pack_tokens")
-    if isinstance(tokens, int) and tokens % context:
-        problems.append(f"rl.pack_tokens: {tokens} does not divide by mesh.context={context} "
-                        "(each context shard holds pack_tokens / context tokens)")
     return problems
 
 

@@ -308,6 +308,8 @@ def test_sampling_is_unchanged_by_the_context_axis():
     ({"mesh.context": 4, "rl.packing": False}, "set rl.packing=True"),
     ({"mesh.context": 4, "rl.pack_tokens": 250}, "rl.pack_tokens: 250 does not divide by "
                                                  "mesh.context=4"),
+    ({"mesh.context": 4, "sft.packing": True, "sft.pack_tokens": 250},
+     "sft.pack_tokens: 250 does not divide by mesh.context=4"),
     ({"mesh.context": 4, "sharding_rules": (("batch", ("data", "fsdp")),)},
      r"needs the rule \('length', 'context'\)"),
 ])
