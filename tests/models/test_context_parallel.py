@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 
+from packed_rows import packed_rows
 from jaxrl_reason.cli import parse
 from jaxrl_reason.config.validation import validate_config
 from jaxrl_reason.models import attention, context_parallel
@@ -49,16 +50,8 @@ def _cfg(window: bool):
 
 
 def _rows(seed=0, vocab=64):
-    """Left-padded prompts [P, Tp] and completions [N, L] with lengths in [0, L]."""
-    rng = np.random.default_rng(seed)
-    prompt_len = np.array([6, 1, 4, 3])
-    valid = np.arange(TP)[None, :] >= (TP - prompt_len)[:, None]
-    prompt = np.where(valid, rng.integers(3, vocab, (PROMPTS, TP)), 0).astype(np.int32)
-    completion = rng.integers(3, vocab, (PROMPTS * GROUP, LENGTH)).astype(np.int32)
-    lengths = rng.integers(1, LENGTH + 1, PROMPTS * GROUP)
-    lengths[3], lengths[5] = 0, LENGTH
-    mask = (np.arange(LENGTH)[None, :] < lengths[:, None]).astype(np.float32)
-    return prompt, valid, completion, lengths, mask
+    """`packed_rows` at this file's shapes."""
+    return packed_rows(seed, vocab, PROMPTS, GROUP, TP, LENGTH)
 
 
 def _packs(prompt, valid, completion, lengths, share):
