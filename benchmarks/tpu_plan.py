@@ -81,10 +81,12 @@ SETTINGS = {
     # Long completions (benchmarks/tpu_plan_long.py): E and C with slot refill.
     "ES": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "tensor": 2, "max_num_seqs": 16}),
     "CS": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "max_num_seqs": SLOTS}),
+    "LES": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "none"}},
+            {"tensor": 2, "max_num_seqs": 16}),
 }
 FAMILIES = {"A": "full", "B": "full", "C": "full", "D": "full", "E": "full",
             "L": "LoRA", "Q8": "QLoRA", "Q4": "QLoRA", "LS": "LoRA", "Q4S": "QLoRA",
-            "L2": "LoRA", "ES": "full", "CS": "full"}
+            "L2": "LoRA", "ES": "full", "CS": "full", "LES": "LoRA"}
 SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "C": "bf16 + Adam, host offload",
                  "D": "bf16 + Adam, host offload, 256-query chunks",
@@ -95,7 +97,8 @@ SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "Q4S": f"QLoRA r16, nf4 base, {SLOTS} decode slots",
                  "L2": "LoRA r16, bf16 base, 2 prompts x G = 8 per step",
                  "ES": "bf16 + Adam, host offload, FSDP x tensor 2, 16 decode slots",
-                 "CS": f"bf16 + Adam, host offload, {SLOTS} decode slots"}
+                 "CS": f"bf16 + Adam, host offload, {SLOTS} decode slots",
+                 "LES": "LoRA r16, bf16 base, FSDP x tensor 2, 16 decode slots"}
 ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 

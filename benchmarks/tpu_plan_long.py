@@ -169,7 +169,9 @@ def long_markdown(records: list[dict]) -> str:
              "every program compiled at full depth (scanned layers), memory per chip "
              "(arguments + outputs + temporaries + what stays resident). The training passes "
              "are compiled at each context size; the smallest that fits is chosen and the "
-             "sampler compiled on that mesh.", "",
+             "sampler compiled on that mesh. Context parallelism splits packs "
+             "(`rl.packing`); these settings train on padded rows, micro-batched at one row "
+             "per FSDP shard, so they compile at context 1 only.", "",
              "| model | slice | setting | completion | context chosen | mesh | "
              "micro-batches | sampler GiB | log-prob GiB | update GiB | fits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -197,12 +199,13 @@ def long_markdown(records: list[dict]) -> str:
             f"{'yes' if ok else 'NO'} (HBM {hbm:.0f}) |")
     lines += ["", "Per-chip activation memory (XLA's temporaries, `memory_analysis()`) and "
               "total of the training passes against the context size:", "",
-              "| model | slice | completion | context | mesh | micro-batches | log-prob temps "
-              "GiB | log-prob total GiB | update temps GiB | update total GiB | compile s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | slice | setting | completion | context | mesh | micro-batches | "
+              "log-prob temps GiB | log-prob total GiB | update temps GiB | update total GiB "
+              "| compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sweep:
         lp, up = r["programs"]["log-prob pass"], r["programs"]["update"]
-        lines.append(f"| {r['model']} | {r['slice']} | {r['completion']:,} | {r['context']} | "
+        lines.append(f"| {r['model']} | {r['slice']} | {tpu_plan.SETTING_NAMES[r['setting']]} | "
+                     f"{r['completion']:,} | {r['context']} | "
                      f"{r['mesh']} | {r['micro_batches']} | {lp['temp_bytes'] / GiB:.2f} | "
                      f"{total_bytes(lp) / GiB:.2f} | {up['temp_bytes'] / GiB:.2f} | "
                      f"{total_bytes(up) / GiB:.2f} | {r['compile_s']:.0f} |")

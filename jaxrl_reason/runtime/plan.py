@@ -40,7 +40,9 @@ from jaxrl_reason.runtime.plan_sampler import (  # noqa: F401 (re-exported)
     kv_bytes_per_position, long_tail_plan, format_long_tail, model_params, refill_schedule,
     sampler_time, stage_width)
 from jaxrl_reason.runtime.build import hf_model_config, model_config
-from jaxrl_reason.rl.update import make_logprob_fn, make_update_fn
+from jaxrl_reason.rl.packing import packer_for
+from jaxrl_reason.rl.update import (PACK_KEYS, make_logprob_fn, make_packed_logprob_fn,
+                                    make_update_fn)
 from jaxrl_reason.sampling.sampler import Sampler
 from jaxrl_reason.runtime.train_state import (TrainState, learning_rate_schedule, make_optimizer,
                                       opt_state_shardings, trainable_params)
@@ -246,16 +248,16 @@ def _mesh_sizes(config, n_dev: int) -> dict[str, int]:
 
 def with_context(config: ml_collections.ConfigDict, cp: int,
                  n_dev: int) -> ml_collections.ConfigDict | None:
-    """`config` with the sequence sharded over `cp` chips (`mesh.context = cp`), or None
-    when the mesh cannot give them.
+    """`config` with its packs' sequence sharded over `cp` chips (`mesh.context = cp`), or
+    None when the mesh cannot give them or the config does not pack (context parallelism
+    splits packs: `rl.packing`, as config validation requires).
 
-    The chips come from `mesh.fsdp`, then `mesh.data` (the number of devices is fixed);
-    the weights stay sharded over as many chips (the "embed" rule's fsdp axis becomes
-    fsdp x context), the "length" rule is ("length", "context"), and `rl.micro_batches`
-    grows by the same factor (unpacked updates), so a micro-batch keeps its rows per batch
-    shard and each chip holds 1/cp of a row.
+    The chips come from `mesh.fsdp`, then `mesh.data` (the number of devices is fixed), so
+    the pack count, a multiple of the data-parallel size, may shrink with them; the weights
+    stay sharded over as many chips (the "embed" rule's fsdp axis becomes fsdp x context)
+    and the "length" rule is ("length", "context").
     """
-    if "context" not in shd.MESH_AXES:
+    if "context" not in shd.MESH_AXES or not config.rl.get("packing", False):
         return None
     sizes = _mesh_sizes(config, n_dev)
     if cp % sizes["context"]:
@@ -273,10 +275,6 @@ def with_context(config: ml_collections.ConfigDict, cp: int,
     rules = [(name, ("fsdp", "context") if (name, axes) == ("embed", "fsdp") else axes)
              for name, axes in rules if name != "length"]
     out.sharding_rules = tuple(rules + [("length", "context")])
-    rows = int(config.rl.batch_prompts) * int(config.rl.num_generations)
-    k = int(config.rl.get("micro_batches", 1))
-    if not config.rl.get("packing", False) and rows % (k * factor) == 0:
-        out.rl.micro_batches = k * factor
     return out
 
 
@@ -321,7 +319,7 @@ def _choose_context(config, topology, report, training, context, sweep):
     cp = small["mesh"]["context"]
     first = context["tried"][0]["programs"]
     context.update(chosen=cp, reason="the training passes do not fit at context 1 (" + ", ".join(
-        f"{name} {first[name]['total_bytes'] / GiB:.1f} GiB" for name in programs
+        f"{name} {first[name]['total_bytes'] / GiB:.1f} GiB" for name in training
         if name in first) + f" per chip); context {cp} is the smallest size that fits")
     return chosen, small, context
 
@@ -441,10 +439,16 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     rollout = (_sds((n, tp), jnp.int32, batch_sharding(2)), _sds((n, tp), bool, batch_sharding(2)),
                _sds((n, length), jnp.int32, batch_sharding(2)),
                _sds((n, length), jnp.float32, batch_sharding(2)))
+    packs, share, tokens = _packs(config, cfg, mesh, rules, n, length)
     if "log-prob pass" in wanted:
-        logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
-        programs.append(_compile("log-prob pass", logprob.lower(params, *rollout),
-                                 (params, rollout), 2 * num_params * n * (tp + length), n_dev))
+        if packs is None:
+            logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
+            lowered, args = logprob.lower(params, *rollout), (params, rollout)
+        else:
+            logprob = make_packed_logprob_fn(model, rl.temperature, share, mesh, rules)
+            lowered, args = logprob.lower(params, packs), (params, packs)
+        programs.append(_compile("log-prob pass", lowered, args, 2 * num_params * tokens,
+                                 n_dev))
 
     # 3. The update: forward + backward + AdamW on all N rows.
     optimizer = make_optimizer(learning_rate_schedule(rl.learning_rate, rl.warmup_steps,
@@ -456,6 +460,8 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
                              opt_state_shardings(optimizer, trainable))
     state = TrainState(step=_sds((), jnp.int32, rep), params=params, opt_state=opt_state)
     batch = dict(zip(("prompt_tokens", "prompt_valid", "completion_tokens", "mask"), rollout))
+    if packs is not None:  # the packed update reads packs, not the prompt and completion rows
+        batch = dict(packs, mask=batch["mask"])
     batch.update(advantages=_sds((n,), jnp.float32, batch_sharding(1)),
                  num_sequences=_sds((), jnp.float32, rep), num_tokens=_sds((), jnp.float32, rep),
                  beta=_sds((), jnp.float32, rep),
@@ -465,12 +471,13 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     if rl.num_iterations > 1:
         batch["old_logp"] = _sds((n, length), jnp.float32, batch_sharding(2))
     update = make_update_fn(model, optimizer, rl, mesh, rules,
-                            kernel_backend=config.kernels.backend)
+                            kernel_backend=config.kernels.backend, packed=packs is not None,
+                            share_prompts=share)
     if "update" in wanted:
         # Forward 2|theta|, input gradients 2|theta|, weight gradients 2|theta| (not LoRA's).
         per_token = (4 if cfg.lora is not None else 6) * num_params
         programs.append(_compile("update", update.lower(state, batch), (state, batch),
-                                 per_token * n * (tp + length), n_dev))
+                                 per_token * tokens, n_dev))
 
     # What else lives on the chip while each program runs; the micro-batch loops' cost.
     # With rl.offload_optimizer / rl.offload_reference those wait in host memory instead.
@@ -494,6 +501,22 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     programs = [with_flops_floor(prog, n_dev, cfg.remat) for prog in programs]
     return {"chip": chip, "devices": n_dev, "mesh": dict(mesh.shape), "params": num_params,
             "programs": programs, "topology": topology}
+
+
+def _packs(config, cfg, mesh, rules, n: int, length: int):
+    """With `rl.packing`: (the packed passes' inputs, `ShapeDtypeStruct`s pack_* int32
+    [K, T] and pack_index int32 [N, L], at the run's largest pack count K, which holds every
+    row at full length; whether packs share prompts; K x T tokens). Without: (None, True,
+    the N padded rows' tokens)."""
+    tp = max(config.task.prompt_buckets)
+    if not config.rl.get("packing", False):
+        return None, True, n * (tp + length)
+    packer = packer_for(config, cfg, shd.data_parallel_size(mesh, rules))
+    k, t = packer.counts.ladder[-1], packer.pack_tokens  # the top rung: any batch fits
+    sharded = lambda rows: shd.batch_sharding(mesh, rules, 2, rows)  # noqa: E731
+    packs = {key: _sds((k, t), jnp.int32, sharded(k)) for key in PACK_KEYS[:-1]}
+    packs["pack_index"] = _sds((n, length), jnp.int32, sharded(n))
+    return packs, packer.share_prompts, k * t
 
 
 def advice(report: dict[str, Any]) -> list[str]:

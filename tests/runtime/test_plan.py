@@ -1,5 +1,6 @@
 """`jaxrl-reason plan`: ahead-of-time compilation of the RL step for a real TPU slice from
 this CPU (needs libtpu: `pip install 'jaxrl-reason[tpu]'`, which CI installs)."""
+import dataclasses
 import importlib.util
 import json
 import math
@@ -124,3 +125,72 @@ def test_every_pallas_kernel_compiles_for_tpu_inside_the_real_steps(topology):
     assert progs["update"].mosaic_calls >= 5, progs["update"].mosaic_calls
     assert progs["log-prob pass"].mosaic_calls >= 1
     assert all(0 < p.total_bytes < report["chip"].hbm_bytes for p in progs.values())
+
+
+def test_with_context_takes_chips_from_fsdp_and_keeps_the_weights_sharded():
+    """Context size 2 on 8 chips of FSDP: 4 x 2, the weights still sharded over all 8
+    (embed over fsdp x context) and the packs' sequence over context; a config that does
+    not pack, or a slice without the chips, gets None."""
+    from jaxrl_reason.runtime import plan as planner
+
+    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
+                   "v5e:2x4", "--config.mesh.data=1", "--config.mesh.fsdp=8",
+                   "--config.rl.packing=True"])
+    c = planner.with_context(fv.config, 2, 8)
+    assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor, c.mesh.context) == (1, 4, 1, 2)
+    rules = dict(c.sharding_rules)
+    assert rules["embed"] == ("fsdp", "context") and rules["length"] == "context"
+    assert fv.config.mesh.fsdp == 8  # a copy
+    four = planner.with_context(c, 4, 8)
+    assert (four.mesh.fsdp, four.mesh.context) == (2, 4)
+    assert planner.with_context(fv.config, 16, 8) is None  # no 16 chips to give
+    assert planner.with_context(four, 2, 8) is None  # only grows
+    fv.config.rl.packing = False
+    assert planner.with_context(fv.config, 2, 8) is None  # context parallelism splits packs
+
+
+@needs_libtpu
+def test_plan_chooses_the_smallest_context_size_whose_training_passes_fit(monkeypatch):
+    """Packs of 4,096 tokens, one per chip: at context 1 the update needs about 56 MiB per
+    chip (XLA's memory analysis on v5e), at context 2 about 15 (each chip holds half a pack:
+    the attention scores shrink 4x). On a chip of 32 MiB the plan compiles context 1, finds
+    that it does not fit, and chooses 2; the report and the advice say so."""
+    from jaxrl_reason.runtime import plan as planner
+
+    small = dataclasses.replace(planner.CHIPS["v5e"], hbm_bytes=32 * 2**20)
+    monkeypatch.setitem(planner.CHIPS, "v5e", small)
+    _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
+                   "v5e:2x4", "--config.rl.packing=True", "--config.rl.pack_tokens=4096",
+                   "--config.rl.max_new_tokens=480", "--config.model.d_model=256",
+                   "--config.model.mlp_hidden=512"])
+    report = planner.plan(fv.config, "v5e:2x4", programs=("update",), layer_cost=False)
+    context = report["context"]
+    assert [(t["context"], t["fits"]) for t in context["tried"]] == [(1, False), (2, True)]
+    assert context["chosen"] == 2 and report["mesh"]["context"] == 2
+    update = report["programs"][0]
+    assert update.total_bytes <= small.hbm_bytes < context["tried"][0]["programs"]["update"][
+        "total_bytes"]
+    text = planner.format_report(report)
+    assert "context parallelism (mesh.context): chose 2" in text and "fits: yes" in text
+    assert "context 2 is the smallest size that fits" in text
+    assert "mesh.context=2" in text  # the advice names the mesh to run with
+    # Without the search the same config is reported as not fitting.
+    off = planner.plan(fv.config, "v5e:2x4", programs=("update",), layer_cost=False,
+                       choose_context=False)
+    assert not planner.fits(off) and off["context"]["chosen"] == 1
+
+
+@needs_libtpu
+def test_plan_command_prints_the_long_tail_sampler_time_with_max_num_seqs(capsys):
+    """rl.max_num_seqs > 0: `jaxrl-reason plan` itself prints the sampler's time on
+    long-tailed lengths, static beside slot refill, under the HBM left beside the sampler
+    (or --kv_budget_gib); without it, no such table."""
+    args = ["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology", "v5e:2x4"]
+    assert main(args + ["--config.rl.max_num_seqs=8", "--kv_budget_gib=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "sampler on long-tailed lengths (16 rows:" in out
+    assert "KV budget 0.50 GiB per chip" in out
+    assert "| static | 16 x 1 |" in out
+    assert "| refill (8 slots asked, every 8 steps) | 8 slots" in out
+    assert main(args + ["--config.rl.max_num_seqs=8", "--kv_budget_gib=-1"]) == 1
+    assert "--kv_budget_gib=-1.0: must be > 0" in capsys.readouterr().err
