@@ -51,7 +51,7 @@ def test_quick_json(tmp_path):
     for name, run in result["runs"].items():
         assert run["scan_layers"] == (name == "scan_layers=True")
         assert run["values_match"] is True
-        assert run["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+        assert run["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1, "context": 1}
         assert run["params_count"] * 4 == run["params_logical_bytes"] == ckpt[
             "checkpoint_bytes"]
         # Sharded 8 ways except replicated norms: at least the checkpoint, well under 8x.
