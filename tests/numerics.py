@@ -35,7 +35,8 @@ a result outside it is a bug, not unlucky rounding.
 Model-level helpers apply it with magnitudes read from the parameters: `rms_projection_bound`
 (the terms of a projection of an RMS-normed vector, by Cauchy-Schwarz), `decoder_tolerance`
 (log-probs or logits), `decoder_grad_tolerance`, `kv_cache_tolerance`,
-`value_head_tolerance`, and `attention_tolerance` / `attention_loss_tolerances`.
+`value_head_tolerance`, and `attention_tolerance` / `attention_loss_tolerances`;
+`assert_update_metrics_close` compares two policy updates' metrics with them.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ __all__ = ["F32_UNIT_ROUNDOFF", "gamma", "f32_tolerance", "abs_matmul_magnitude"
            "decoder_grad_tolerance", "attention_tolerance", "attention_loss_tolerances",
            "kv_cache_tolerance", "value_head_tolerance",
            "group_advantage_tolerance", "policy_loss_magnitudes", "policy_loss_tolerances",
-           "logprobs_tolerances"]
+           "logprobs_tolerances", "assert_update_metrics_close"]
 
 F32_UNIT_ROUNDOFF = 2.0 ** -24
 
@@ -412,3 +413,44 @@ def logprobs_tolerances(hidden, w, temperature, want) -> list:
     grads = [f32_tolerance(n_grad, float(np.abs(np.asarray(g, np.float64)).max())
                            * (1.0 + 2.0 * terms), chain=4) for g in want[2:]]
     return [logp, logp * max(1.0, float(np.log(vocab))), *grads]
+
+
+def assert_update_metrics_close(want: dict, got: dict, x: dict, *, beta: float,
+                                entropy_coef: float, epsilon_high: float, logp_atol: float,
+                                grad_norm_atol: float | None = None) -> None:
+    """Assert two policy updates of one batch (e.g. padded and packed, context 1 and 4) give
+    the same metrics within float32 reordering bounds.
+
+    The two sides' log-probs differ by at most `logp_atol`; each loss/metric term moves by at
+    most its `policy_loss_magnitudes` magnitude (a bound of |d term / d logp| too) times
+    that (x4: the ratio, the KL and the entropy each see the log-prob change), plus the
+    loss's own summation-order bound (`policy_loss_tolerances`). The clip fractions and
+    "update_skipped" count tokens and are not compared; "grad_norm" is compared at
+    `grad_norm_atol`, or not at all when it is None. Also asserts both sides report the
+    same metric names and that the loss is not ~0 (so the comparison is a real one).
+
+    Args:
+      want, got: {metric name: scalar} of the two updates (host values).
+      x: the loss's inputs as `policy_loss_magnitudes` takes them ([B, L] float32 "logp",
+        "old_logp", "ref_logp", "mask", [B] "advantages", "entropy" or None).
+      beta, entropy_coef, epsilon_high: the loss's coefficients (rl config).
+      logp_atol: python float, the bound on the two sides' log-prob difference.
+      grad_norm_atol: python float or None.
+    Raises:
+      AssertionError: naming the metric that differs, or the metric names that differ.
+    """
+    assert set(got) == set(want), f"metric names differ: {sorted(set(got) ^ set(want))}"
+    assert abs(float(want["loss"])) > 1e-3, f"loss {float(want['loss'])} is ~0"
+    _, magnitudes = policy_loss_magnitudes(x, beta, entropy_coef, epsilon_high=epsilon_high)
+    sums = policy_loss_tolerances(x, beta, entropy_coef, epsilon_high=epsilon_high)
+    for name in want:
+        if name.startswith("clip_frac") or name == "update_skipped":  # counts of tokens
+            continue
+        if name == "grad_norm":
+            if grad_norm_atol is not None:
+                np.testing.assert_allclose(got[name], want[name], rtol=0,
+                                           atol=grad_norm_atol, err_msg=name)
+            continue
+        key = name if name in magnitudes else "default"
+        atol = sums[key] + (magnitudes[key] + 1.0) * logp_atol * 4
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=atol, err_msg=name)
