@@ -1,6 +1,7 @@
 """The reward TRL gets in benchmarks/learning_vs_trl.py equals ours, exactly, on real
 completions of the SFT checkpoint (docs/learning_vs_trl_completions.json, written by
-`learning_vs_trl.py completions`) and on hand-written edge cases."""
+`learning_vs_trl.py completions`) and on hand-written edge cases; the `report` subcommand
+(benchmarks/learning_vs_trl_report.py) on a small hand-made workdir."""
 import json
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import learning_vs_trl as lvt  # noqa: E402
+import learning_vs_trl_report as lvt_report  # noqa: E402
 from jaxrl_reason.rewards.pool import config_options, make_reward_pool  # noqa: E402
 
 FIXTURE = ROOT / "docs" / "learning_vs_trl_completions.json"
@@ -90,6 +92,53 @@ def test_trl_arguments_follow_our_config_and_unmatched_settings_are_refused():
 
 
 def test_time_to_reach_interpolates_and_says_never():
-    assert lvt.time_to_reach([0.0, 10.0, 20.0], [0.2, 0.4, 0.6], 0.5) == pytest.approx(15.0)
-    assert lvt.time_to_reach([0.0, 10.0], [0.5, 0.6], 0.4) == 0.0
-    assert lvt.time_to_reach([0.0, 10.0], [0.2, 0.3], 0.5) is None
+    reach = lvt_report.time_to_reach
+    assert reach([0.0, 10.0, 20.0], [0.2, 0.4, 0.6], 0.5) == pytest.approx(15.0)
+    assert reach([0.0, 10.0], [0.5, 0.6], 0.4) == 0.0
+    assert reach([0.0, 10.0], [0.2, 0.3], 0.5) is None
+
+
+def _write(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def test_report_subcommand_gathers_seeds_into_the_json_and_the_plot(tmp_path):
+    """Two seeds, 4 steps saved every 2: pass@1 curves and wall times per step over seeds,
+    our time to TRL's final pass@1 (interpolated), through the driver's command line."""
+    _write(tmp_path / "plan.json", {
+        "steps": 4, "save_every": 2, "seeds": [0, 1], "overrides": {}, "table": [],
+        "reward_weights": {"correctness": 1.0}, "versions_ours": {}, "load_average": [0.0]})
+    ours_final = {0: 0.6, 1: 0.8}
+    for seed in (0, 1):
+        d = tmp_path / f"seed{seed}"
+        p1 = {"sft": 0.2, "ours_step_2": 0.4, "ours_step_4": ours_final[seed],
+              "trl_step_2": 0.3, "trl_step_4": 0.5}
+        _write(d / "eval.json", {"results": {k: {"path": k, "sets": {"held_out": {"mean": v}}}
+                                             for k, v in p1.items()}})
+        # step k ends at 100 + 10 k; step 1 spent 10 s in time/* before its end
+        (d / "ours").mkdir(parents=True)
+        (d / "ours" / "metrics.jsonl").write_text("".join(json.dumps(
+            {"phase": "rl", "step": k, "time": 100.0 + 10 * k, "time/sample_s": 10.0,
+             "reward/correctness": 0.1 * k}) + "\n" for k in range(1, 5)))
+        _write(d / "ours" / "eval.json", {"timings": {"rl_s": 40.0 + seed}})
+        _write(d / "trl" / "timing.json", {
+            "train_s": 80.0, "step_end_s": {str(k): 20.0 * k for k in range(5)},
+            "load_average": [1.0], "versions": {"trl": "x"},
+            "log_history": [{"rewards/correctness/mean": 0.25}, {"loss": 0.0}]})
+    out, png = tmp_path / "report.json", tmp_path / "report.png"
+    lvt.main(["report", "--workdir", str(tmp_path), "--out", str(out), "--plot", str(png),
+              "--label", "test"])
+    report = json.loads(out.read_text())
+    ours, trl = report["curves"]["ours"], report["curves"]["trl"]
+    assert ours["steps"] == trl["steps"] == [0, 2, 4]
+    assert [p["mean"] for p in ours["pass1"]] == pytest.approx([0.2, 0.4, 0.7])
+    assert [w["mean"] for w in ours["wall_s"]] == pytest.approx([0.0, 20.0, 40.0])
+    assert [w["mean"] for w in trl["wall_s"]] == pytest.approx([0.0, 40.0, 80.0])
+    assert ours["pass1"][-1]["n"] == 2 and ours["pass1"][-1]["low"] < 0.6
+    assert report["trl_final_pass1"]["mean"] == pytest.approx(0.5)
+    assert report["ours_s_to_trl_final"] == pytest.approx(20.0 + 20.0 / 3)
+    assert report["ours_total_s"]["mean"] == pytest.approx(40.5)
+    assert report["train_batch_correctness"]["by_seed"]["0"] == {
+        "ours": pytest.approx([0.1, 0.2, 0.3, 0.4]), "trl": [0.25]}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
