@@ -149,14 +149,35 @@ def test_with_context_takes_chips_from_fsdp_and_keeps_the_weights_sharded():
     assert planner.with_context(fv.config, 2, 8) is None  # context parallelism splits packs
 
 
+def _plan_once(monkeypatch, planner) -> dict:
+    """Makes `planner._plan` compile each (config, topology, programs) once per test: a
+    second plan of the same config gets the first's report (XLA compiles deterministically;
+    a 4k-token update takes tens of seconds to compile). Returns the cache, keyed by
+    (config as JSON, topology, mesh.context, programs), in the order compiled."""
+    real, compiled = planner._plan, {}
+
+    def plan_once(config, topology, programs=planner.PROGRAMS):
+        key = (config.to_json_best_effort(sort_keys=True), topology,
+               int(config.mesh.get("context", 1)), tuple(programs))
+        if key not in compiled:
+            compiled[key] = real(config, topology, programs)
+        return compiled[key]
+
+    monkeypatch.setattr(planner, "_plan", plan_once)
+    return compiled
+
+
 @needs_libtpu
 def test_plan_chooses_the_smallest_context_size_whose_training_passes_fit(monkeypatch):
     """Packs of 4,096 tokens, one per chip: at context 1 the update needs about 56 MiB per
     chip (XLA's memory analysis on v5e), at context 2 about 15 (each chip holds half a pack:
     the attention scores shrink 4x). On a chip of 32 MiB the plan compiles context 1, finds
-    that it does not fit, and chooses 2; the report and the advice say so."""
+    that it does not fit, and chooses 2; the report and the advice say so. Without the
+    search the plan compiles context 1 as configured (the same program as the search's
+    first: compiled once here, by `_plan_once`)."""
     from jaxrl_reason.runtime import plan as planner
 
+    compiled = _plan_once(monkeypatch, planner)
     small = dataclasses.replace(planner.CHIPS["v5e"], hbm_bytes=32 * 2**20)
     monkeypatch.setitem(planner.CHIPS, "v5e", small)
     _, fv = parse(["jaxrl-reason", "plan", "--config", f"{ARITH}:smoke", "--topology",
@@ -178,6 +199,7 @@ def test_plan_chooses_the_smallest_context_size_whose_training_passes_fit(monkey
     off = planner.plan(fv.config, "v5e:2x4", programs=("update",), layer_cost=False,
                        choose_context=False)
     assert not planner.fits(off) and off["context"]["chosen"] == 1
+    assert [key[2] for key in compiled] == [1, 2]  # context 1 and 2, each compiled once
 
 
 @needs_libtpu
