@@ -264,10 +264,6 @@ def _packing_problems(config) -> list[str]:
     if loss_type not in PACKED_LOSS_TYPES:
         problems.append(f"rl.packing: packs the {'/'.join(PACKED_LOSS_TYPES)} losses, not "
                         f"rl.loss_type {loss_type!r}")
-    if _get(config, "rl.micro_batches", 1) != 1:
-        problems.append("rl.packing: the packed update runs one micro-batch; set "
-                        "rl.micro_batches=1 (packs already bound the activations by "
-                        "rl.pack_tokens)")
     return problems
 
 
@@ -308,9 +304,13 @@ def _refill_problems(config, dp: int | None) -> list[str]:
     if slots and rows is not None and slots > rows:
         problems.append(f"rl.max_num_seqs: {slots} slots is more than the {rows} rows of a "
                         f"rollout batch (rl.batch_prompts x rl.num_generations)")
-    if slots and dp and slots % dp:
+    context = _get(config, "mesh.context", 1)
+    context = context if isinstance(context, int) and context > 1 else 1
+    if slots and dp and slots % (dp * context):
+        where = "" if context == 1 else (f" x {context} context shards (the sampler splits "
+                                         "its rows over both)")
         problems.append(f"rl.max_num_seqs: {slots} slots do not split over the {dp} "
-                        f"data-parallel shards of the mesh")
+                        f"data-parallel shards{where} of the mesh")
     if slots and _get(config, "tools.enabled", False):
         problems.append("rl.max_num_seqs: slot refill does not run tool calls; set it to 0 "
                         "with tools.enabled")

@@ -308,7 +308,7 @@ class Packer:
       pack_tokens: T (rl.pack_tokens). num_rows: N, the rows of an update batch.
       max_row_tokens: the largest row a run can have (longest prompt + completion budget
         - 1): with N it bounds the pack count (`max_packs`).
-      multiple: pack counts are multiples of this (the data-parallel size).
+      multiple: pack counts are multiples of this (data-parallel size x micro-batches).
       share_prompts: `shares_prompts(model config)`.
     """
 
@@ -331,13 +331,14 @@ class Packer:
 def packer_for(config, model_cfg, data_parallel: int) -> Packer | None:
     """The run's `Packer` with `config.rl.packing` (None without): T = rl.pack_tokens, N =
     rl.batch_prompts * rl.num_generations rows of at most max(task.prompt_buckets) +
-    rl.max_new_tokens - 1 tokens, pack counts multiples of `data_parallel`."""
+    rl.max_new_tokens - 1 tokens, pack counts multiples of `data_parallel` x
+    rl.micro_batches (each micro-batch of packs splits over the data-parallel shards)."""
     rl = config.rl
     if not rl.get("packing", False):
         return None
     return Packer(rl.pack_tokens, rl.batch_prompts * rl.num_generations,
-                  max(config.task.prompt_buckets) + rl.max_new_tokens - 1, data_parallel,
-                  shares_prompts(model_cfg))
+                  max(config.task.prompt_buckets) + rl.max_new_tokens - 1,
+                  data_parallel * int(rl.get("micro_batches", 1)), shares_prompts(model_cfg))
 
 
 _NOTED: set[str] = set()

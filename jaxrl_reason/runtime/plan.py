@@ -252,10 +252,12 @@ def with_context(config: ml_collections.ConfigDict, cp: int,
     None when the mesh cannot give them or the config does not pack (context parallelism
     splits packs: `rl.packing`, as config validation requires).
 
-    The chips come from `mesh.fsdp`, then `mesh.data` (the number of devices is fixed), so
-    the pack count, a multiple of the data-parallel size, may shrink with them; the weights
-    stay sharded over as many chips (the "embed" rule's fsdp axis becomes fsdp x context)
-    and the "length" rule is ("length", "context").
+    The chips come from `mesh.fsdp`, then `mesh.data` (the number of devices is fixed):
+    the data-parallel size shrinks by the factor the context grows and rl.micro_batches
+    grows by it, so a micro-batch holds the same packs per data-parallel shard as before,
+    each now split over the context chips (its activations per chip divided by that
+    factor); the weights stay sharded over as many chips (the "embed" rule's fsdp axis
+    becomes fsdp x context) and the "length" rule is ("length", "context").
     """
     if "context" not in shd.MESH_AXES or not config.rl.get("packing", False):
         return None
@@ -270,6 +272,7 @@ def with_context(config: ml_collections.ConfigDict, cp: int,
     sizes.update(fsdp=sizes["fsdp"] // take_fsdp, data=sizes["data"] // take_data, context=cp)
     out = ml_collections.ConfigDict(config.to_dict())
     out.mesh = ml_collections.ConfigDict(sizes)
+    out.rl.micro_batches = int(config.rl.get("micro_batches", 1)) * factor
     rules = [(name, tuple(a) if isinstance(a, (list, tuple)) else a)
              for name, a in config.sharding_rules]
     rules = [(name, ("fsdp", "context") if (name, axes) == ("embed", "fsdp") else axes)
@@ -370,6 +373,7 @@ def _sampler_program(cfg, model, params, mesh, rules, p, g, tp, length, n_dev,
     (with `max_num_seqs` > 0: in that many slots with refill, as `rl.max_num_seqs`).
     FLOPs and bytes are analytic (XLA counts the decode loop's body once)."""
     n, rep = p * g, shd.replicated(mesh)
+    rules = shd.sampling_rules(rules, mesh)  # as the run's sampler: rows over context too
     sampler = Sampler(model, eos_id=2, pad_id=0, mesh=mesh, rules=rules,
                       max_num_seqs=max_num_seqs, refill_every=refill_every)
     prompt_sharding = (shd.batch_sharding(mesh, rules, 2, p)
@@ -445,7 +449,8 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
             logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
             lowered, args = logprob.lower(params, *rollout), (params, rollout)
         else:
-            logprob = make_packed_logprob_fn(model, rl.temperature, share, mesh, rules)
+            logprob = make_packed_logprob_fn(model, rl.temperature, share, mesh, rules,
+                                             rl.micro_batches)
             lowered, args = logprob.lower(params, packs), (params, packs)
         programs.append(_compile("log-prob pass", lowered, args, 2 * num_params * tokens,
                                  n_dev))

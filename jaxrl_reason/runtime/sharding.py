@@ -8,8 +8,8 @@ of a run is a config change.
 `context` (context parallelism) splits the sequence of the training-side passes: the rule
 ("length", "context") shards the activations' length axis, and attention gathers the keys
 and values of the whole sequence along it (`models.attention`). A model call with a KV cache
-(prefill, decode, cached scoring) keeps its length axis unsharded (`unsharded_length`), so
-cp changes no sampling program.
+(prefill, decode, cached scoring) keeps its length axis unsharded (`unsharded_length`), and
+the sampler splits its rows over the context axis instead (`sampling_rules`).
 
 The mesh uses `AxisType.Auto` axes: arrays carry `NamedSharding`s and XLA's SPMD partitioner
 propagates them through the jitted programs, so model code needs no explicit sharding types.
@@ -289,6 +289,26 @@ def context_parallel_size(mesh: Mesh, rules: Iterable[tuple[str, Any]]) -> int:
     target = dict(rules).get("length")
     axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
     return math.prod(mesh.shape[a] for a in axes)
+
+
+def sampling_rules(rules: Iterable[tuple[str, Any]], mesh: Mesh | None) -> tuple:
+    """The rules of the sampler: the mesh axes that split the training passes' sequence
+    ("length", i.e. context) split its rows instead ("batch" gains them, "length" maps to
+    nothing). Decoding keeps whole sequences (`unsharded_length`), so under context
+    parallelism the context chips would otherwise all decode the same rows; this way each
+    decodes its own and holds the KV cache of its own rows. `rules` unchanged when those
+    axes have size 1 (or without a mesh)."""
+    rules = tuple(rules)
+    table = dict(rules)
+    length = table.get("length")
+    length = () if length is None else ((length,) if isinstance(length, str) else tuple(length))
+    if mesh is None or math.prod(mesh.shape[a] for a in length if a in mesh.shape) == 1:
+        return rules
+    batch = table.get("batch")
+    batch = () if batch is None else ((batch,) if isinstance(batch, str) else tuple(batch))
+    extra = tuple(a for a in length if a not in batch)
+    return tuple((name, batch + extra if name == "batch" else None if name == "length"
+                  else axes) for name, axes in rules)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """RLTrainer with rl.packing against the padded trainer: the same step (same params, rows
 and rewards) gives the same metrics up to float summation order, with the reference pass,
-the KL term, two policy iterations (the old-log-prob pass) and skipped rows."""
+the KL term, two policy iterations (the old-log-prob pass), skipped rows, and two
+micro-batches (of rows, and of packs)."""
 import numpy as np
 import pytest
 
@@ -10,7 +11,8 @@ from numerics import decoder_tolerance
 FLAGS = ("--config.rl.beta=0.04", "--config.rl.num_iterations=2")
 
 
-@pytest.mark.parametrize("flags", [FLAGS, ("--config.rl.skip_zero_advantage_rows=True",)])
+@pytest.mark.parametrize("flags", [FLAGS, ("--config.rl.skip_zero_advantage_rows=True",),
+                                   FLAGS + ("--config.rl.micro_batches=2",)])
 def test_packed_steps_match_padded_steps(make_trainer, flags):
     weights = {"_test_text_length": 1.0, "_test_half_constant": 1.0}  # some groups vary
     padded, _ = make_trainer(*flags, weights=weights)

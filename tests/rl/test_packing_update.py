@@ -143,9 +143,3 @@ def test_packed_update_equals_padded_loss_metrics_and_gradients(devices, loss_ty
     for a, b in zip(jax.tree.leaves(g_pad), jax.tree.leaves(g_pack)):
         np.testing.assert_allclose(b, a, rtol=0, atol=grad_atol)
 
-
-def test_the_packed_update_refuses_micro_batches():
-    rl = _rl("grpo")
-    rl.micro_batches = 2
-    with pytest.raises(ValueError, match="rl.packing: the packed update runs one micro-batch"):
-        make_update_fn(Transformer(get_preset("test")), optax.sgd(1.0), rl, packed=True)

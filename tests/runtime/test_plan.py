@@ -141,8 +141,11 @@ def test_with_context_takes_chips_from_fsdp_and_keeps_the_weights_sharded():
     rules = dict(c.sharding_rules)
     assert rules["embed"] == ("fsdp", "context") and rules["length"] == "context"
     assert fv.config.mesh.fsdp == 8  # a copy
+    # half the data-parallel shards: twice the micro-batches, the same packs per shard
+    assert c.rl.micro_batches == 2 * fv.config.rl.micro_batches
     four = planner.with_context(c, 4, 8)
     assert (four.mesh.fsdp, four.mesh.context) == (2, 4)
+    assert four.rl.micro_batches == 4 * fv.config.rl.micro_batches
     assert planner.with_context(fv.config, 16, 8) is None  # no 16 chips to give
     assert planner.with_context(four, 2, 8) is None  # only grows
     fv.config.rl.packing = False
