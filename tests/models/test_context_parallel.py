@@ -17,12 +17,12 @@ import numpy as np
 import optax
 import pytest
 
+from cached_params import params_on
 from packed_rows import packed_rows
 from jaxrl_reason.cli import parse
 from jaxrl_reason.config.validation import validate_config
 from jaxrl_reason.models import attention, context_parallel
 from jaxrl_reason.models.config import get_preset
-from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl import packing
 from jaxrl_reason.rl.update import make_update_fn, packed_logprobs
@@ -102,7 +102,7 @@ def test_context_parallel_logprobs_and_gradients_equal_context_one(window, share
     weights = np.random.default_rng(1).normal(size=mask.shape).astype(np.float32)
     results = []
     for mesh in _meshes():
-        params = init_params(cfg, jax.random.key(0), mesh, RULES)
+        params = params_on(cfg, mesh)
         fn = _logprob_loss(model, mesh, _put(mesh, host), shd.put_batch(mesh, RULES, weights),
                            share).lower(params).compile()
         if mesh.shape["context"] > 1:
@@ -146,7 +146,7 @@ def test_context_parallel_grpo_update_equals_context_one():
             "beta": np.float32(rl.beta)}
     results = []
     for mesh in _meshes():
-        params = init_params(cfg, jax.random.key(0), mesh, RULES)
+        params = params_on(cfg, mesh)
         update = make_update_fn(model, sgd, rl, mesh, RULES, packed=True)
         new, metrics = update(create_train_state(jax.tree.map(jnp.copy, params), sgd),
                               _put(mesh, host))
@@ -261,7 +261,7 @@ def test_splash_falls_back_on_shards_off_its_tile(monkeypatch, caplog):
         return attention.attend(c, q, k, v, valid, 0, None, head_major=False, first_slot=0)
     with caplog.at_level(logging.WARNING, logger=attention.logger.name):
         got = jax.jit(shd.with_activation_sharding(lambda: run(cfg), _meshes()[1], RULES))()
-    want = run(dataclasses.replace(cfg, attention_impl="reference"))
+    want = jax.jit(lambda: run(dataclasses.replace(cfg, attention_impl="reference")))()
     notes = [r.getMessage() for r in caplog.records if r.name == attention.logger.name]
     assert len(notes) == 1 and "context shard's 10 queries" in notes[0], notes
     np.testing.assert_allclose(got, want, rtol=0, atol=attention_tolerance(
@@ -278,7 +278,7 @@ def test_sampling_is_unchanged_by_the_context_axis():
     prompt, valid = np.pad(prompt, ((0, 0), (2, 0))), np.pad(valid, ((0, 0), (2, 0)))
     outs = []
     for mesh in _meshes():
-        params = init_params(cfg, jax.random.key(0), mesh, RULES)
+        params = params_on(cfg, mesh)
         sampler = Sampler(model, eos_ids=(1,), pad_id=0, mesh=mesh, rules=RULES)
         out = sampler(params, shd.put_batch(mesh, RULES, prompt),
                       shd.put_batch(mesh, RULES, valid), jax.random.key(1), num_samples=2,

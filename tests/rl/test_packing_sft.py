@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
+from cached_params import params_on
 from trainer_support import SMOKE
 from jaxrl_reason.cli import parse
 from jaxrl_reason.config.validation import validate_config
 from jaxrl_reason.models.config import get_preset
-from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.recipes import distill, distill_student
 from jaxrl_reason.recipes.sft import make_sft_step, packed_sft_batch, sft_loss
@@ -44,7 +44,7 @@ def _batch(seed=0, vocab=64):
 def _setup():
     mesh = shd.make_mesh({"data": 1}, jax.devices()[:1])
     cfg = dataclasses.replace(get_preset("test"), vocab_size=64, attention_impl="reference")
-    return mesh, cfg, init_params(cfg, jax.random.key(0), mesh, shd.DEFAULT_RULES)
+    return mesh, cfg, params_on(cfg, mesh)
 
 
 @pytest.mark.parametrize("share", [True, False])

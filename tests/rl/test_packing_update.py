@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
+from cached_params import params_on
 from packed_rows import packed_rows
 from trainer_support import SMOKE
 from jaxrl_reason.cli import parse
 from jaxrl_reason.models.config import get_preset
-from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl import packing
@@ -35,7 +35,7 @@ def _rows(seed=0, vocab=64):
 def _setup(devices):
     mesh = shd.make_mesh({"data": -1}, jax.devices()[:devices])
     cfg = dataclasses.replace(get_preset("test"), vocab_size=64, attention_impl="reference")
-    params = init_params(cfg, jax.random.key(0), mesh, shd.DEFAULT_RULES)
+    params = params_on(cfg, mesh)
     return mesh, cfg, params
 
 
