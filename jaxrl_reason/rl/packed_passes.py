@@ -28,12 +28,11 @@ class PackedPasses:
     """The run's packer (`packing.Packer`: T, pack counts, prompt sharing) and its jitted
     packed log-prob pass. `put` places a host array on the mesh (batch-sharded)."""
 
-    def __init__(self, packer: Packer, model, temperature: float, put, mesh=None, rules=(),
-                 micro_batches: int = 1):
+    def __init__(self, packer: Packer, model, temperature: float, put, mesh=None, rules=()):
         self.packer, self.put = packer, put
         self.share_prompts = packer.share_prompts
         self.logprob_fn = make_packed_logprob_fn(model, temperature, packer.share_prompts,
-                                                 mesh, rules, micro_batches)
+                                                 mesh, rules, packer.packs_per_micro)
 
     def packs(self, host: Mapping[str, np.ndarray], lengths: np.ndarray,
               keep: np.ndarray | None = None) -> dict[str, jax.Array]:
@@ -69,13 +68,12 @@ class PackedPasses:
 
 def packed_passes_for(rt, rl) -> PackedPasses | None:
     """`PackedPasses` for a `Runtime` with `rl.packing` on (pack counts multiples of the
-    mesh's data-parallel size x rl.micro_batches; the log-prob pass runs rl.micro_batches
-    slices of the packs at a time), None without."""
+    mesh's data-parallel size; with rl.micro_batches > 1, of the packs of a micro-batch,
+    which the log-prob pass runs at a time), None without."""
     packer = packer_for(rt.config, rt.model_cfg, shd.data_parallel_size(rt.mesh, rt.rules))
     if packer is None:
         return None
-    return PackedPasses(packer, rt.model, rl.temperature, rt.put, rt.mesh, rt.rules,
-                        int(rl.micro_batches))
+    return PackedPasses(packer, rt.model, rl.temperature, rt.put, rt.mesh, rt.rules)
 
 
 class LogprobPasses:

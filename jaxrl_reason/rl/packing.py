@@ -300,22 +300,41 @@ def unpack(packed: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, flat[np.maximum(index, 0)], 0).astype(flat.dtype)
 
 
+def packs_per_micro_batch(most: int, data_parallel: int, micro_batches: int) -> int | None:
+    """The packs of one micro-batch when a run's largest batch (`most` packs) is split
+    into `micro_batches` (rl.micro_batches): ceil(most / micro_batches) rounded up to a
+    multiple of `data_parallel` (each shard gets as many); None for one micro-batch (all
+    of a batch's packs at once, however many)."""
+    if micro_batches <= 1:
+        return None
+    per = -(-most // micro_batches)
+    return -(-per // data_parallel) * data_parallel
+
+
 class Packer:
     """The packer of a run: `pack` with the run's T, pack counts (`PackBuckets`) and prompt
     sharing. `buckets`: the pack counts chosen so far (at most 4).
+
+    With micro-batches, a micro-batch holds `packs_per_micro` packs (the peak activation
+    memory of the training passes) and pack counts are multiples of it: a batch of K packs
+    runs K / packs_per_micro micro-batches, rl.micro_batches for the largest batch, fewer
+    for lighter ones.
 
     Args:
       pack_tokens: T (rl.pack_tokens). num_rows: N, the rows of an update batch.
       max_row_tokens: the largest row a run can have (longest prompt + completion budget
         - 1): with N it bounds the pack count (`max_packs`).
-      multiple: pack counts are multiples of this (data-parallel size x micro-batches).
+      multiple: the data-parallel size (pack counts are multiples of it).
       share_prompts: `shares_prompts(model config)`.
+      micro_batches: rl.micro_batches (`packs_per_micro_batch`).
     """
 
     def __init__(self, pack_tokens: int, num_rows: int, max_row_tokens: int, multiple: int,
-                 share_prompts: bool):
+                 share_prompts: bool, micro_batches: int = 1):
         self.pack_tokens, self.share_prompts = int(pack_tokens), bool(share_prompts)
-        self.counts = PackBuckets(max_packs(num_rows, max_row_tokens, pack_tokens), multiple)
+        most = max_packs(num_rows, max_row_tokens, pack_tokens)
+        self.packs_per_micro = packs_per_micro_batch(most, multiple, int(micro_batches))
+        self.counts = PackBuckets(most, self.packs_per_micro or multiple)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -331,14 +350,14 @@ class Packer:
 def packer_for(config, model_cfg, data_parallel: int) -> Packer | None:
     """The run's `Packer` with `config.rl.packing` (None without): T = rl.pack_tokens, N =
     rl.batch_prompts * rl.num_generations rows of at most max(task.prompt_buckets) +
-    rl.max_new_tokens - 1 tokens, pack counts multiples of `data_parallel` x
-    rl.micro_batches (each micro-batch of packs splits over the data-parallel shards)."""
+    rl.max_new_tokens - 1 tokens, pack counts multiples of `data_parallel`, or with
+    rl.micro_batches > 1 of the packs of a micro-batch (`Packer`)."""
     rl = config.rl
     if not rl.get("packing", False):
         return None
     return Packer(rl.pack_tokens, rl.batch_prompts * rl.num_generations,
-                  max(config.task.prompt_buckets) + rl.max_new_tokens - 1,
-                  data_parallel * int(rl.get("micro_batches", 1)), shares_prompts(model_cfg))
+                  max(config.task.prompt_buckets) + rl.max_new_tokens - 1, data_parallel,
+                  shares_prompts(model_cfg), int(rl.get("micro_batches", 1)))
 
 
 _NOTED: set[str] = set()

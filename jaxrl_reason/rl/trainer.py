@@ -134,7 +134,8 @@ class RLTrainer:
         self.update_fn = make_update_fn(
             rt.model, self.optimizer, rl, rt.mesh, rt.rules, self.kernel_backend,
             dropout_seed=rt.config.seed + 4, packed=self.packed is not None,
-            share_prompts=self.packed is not None and self.packed.share_prompts)
+            share_prompts=self.packed is not None and self.packed.share_prompts,
+            packs_per_micro=self.packed and self.packed.packer.packs_per_micro)
         self.ckpt = PhaseCheckpointer(rt, "rl", base_checkpoint=base_checkpoint)
         # rl.rollout_token_budget: rows not done within it continue in later steps.
         self.partial = (PartialRollouts(rt, rl) if rl.get("rollout_token_budget", 0)

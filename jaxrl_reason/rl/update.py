@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,23 +128,31 @@ def packed_micro_batch(batch, micro_packs, i, k: int):
             "loss_mask": jnp.where(index >= 0, loss_mask, 0).astype(loss_mask.dtype)}
 
 
+def micro_batch_count(packs, packs_per_micro: int | None) -> int:
+    """How many micro-batches a packed batch runs: K / packs_per_micro for `pack_tokens`
+    [K, T] (1 when packs_per_micro is None); ValueError when it does not divide K."""
+    num = packs["pack_tokens"].shape[0]
+    if packs_per_micro is None:
+        return 1
+    if num % packs_per_micro:
+        raise ValueError(f"rl.micro_batches: {num} packs do not split into micro-batches of "
+                         f"{packs_per_micro} packs (the packer's pack counts are multiples "
+                         "of a micro-batch's packs)")
+    return num // packs_per_micro
+
+
 def _micro_packs(packs, k: int, mesh, rules) -> dict:
     """The `pack_*` arrays [K, T] of `packs` (not `pack_index`) as [k, K/k, T] strided
-    micro-batches (`to_micro`); ValueError when k does not divide K."""
-    num = packs["pack_tokens"].shape[0]
-    if num % k:
-        raise ValueError(f"rl.micro_batches: {num} packs do not split into {k} micro-batches "
-                         "(the packer's pack counts are multiples of micro-batches x "
-                         "data-parallel size)")
+    micro-batches (`to_micro`)."""
     return {key: to_micro(packs[key], k, micro_sharding(mesh, rules, 3))
             for key in PACK_KEYS[:-1]}
 
 
 def make_packed_logprob_fn(model, temperature: float, share_prompts: bool, mesh=None,
-                           rules=(), micro_batches: int = 1):
+                           rules=(), packs_per_micro: int | None = None):
     """Jitted (params, packs) -> logp f32 [N, L]: `make_logprob_fn`'s values from the packs
-    (`packed_logprobs`; packs a dict with the `PACK_KEYS`), `micro_batches` slices of the
-    packs at a time (lower peak memory, same values)."""
+    (`packed_logprobs`; packs a dict with the `PACK_KEYS`), `packs_per_micro` packs at a
+    time (`Packer.packs_per_micro`; None: all at once): lower peak memory, same values."""
     batch_axes = dict(rules).get("batch") if mesh is not None else None
 
     def slots(params, packs):
@@ -152,10 +162,11 @@ def make_packed_logprob_fn(model, temperature: float, share_prompts: bool, mesh=
         return logp
 
     def fn(params, packs):
-        if micro_batches == 1:
+        k = micro_batch_count(packs, packs_per_micro)
+        if k == 1:
             logp = slots(params, packs)
         else:
-            micro = _micro_packs(packs, micro_batches, mesh, rules)
+            micro = _micro_packs(packs, k, mesh, rules)
             logp = from_micro(jax.lax.map(lambda p: slots(params, p), micro))
         return slots_to_rows(logp, packs["pack_index"])
 
@@ -184,16 +195,19 @@ def mix_reference(ref_params, params, alpha: float):
 
 
 def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: str = "reference",
-                   dropout_seed: int = 0, packed: bool = False, share_prompts: bool = True):
+                   dropout_seed: int = 0, packed: bool = False, share_prompts: bool = True,
+                   packs_per_micro: int | None = None):
     """Jitted, state-donating policy update: (state, batch) -> (state, metrics).
 
     With `rl.micro_batches` = k > 1 the batch is split into k micro-batches whose
     gradients are summed in a `lax.scan` (gradient accumulation: one optimizer step, the
     loss's whole-batch normalizers `num_sequences` / `num_tokens` make the sum the full
     batch's loss); peak activation memory is that of one micro-batch. Padded rows split
-    into strided micro-batches of M/k rows; packed batches into strided micro-batches of
-    K/k packs (`packed_micro_batch`: each row's tokens are in one pack, so its loss counts
-    in exactly one micro-batch). The metrics are those of the whole batch either way: the
+    into k strided micro-batches of M/k rows. Packed batches split into strided
+    micro-batches of `packs_per_micro` packs (`Packer.packs_per_micro`, sized from
+    rl.micro_batches and the run's largest batch; None: one micro-batch), as many as the
+    batch's packs need (`packed_micro_batch`: each row's tokens are in one pack, so its loss
+    counts in exactly one micro-batch). The metrics are those of the whole batch either way: the
     micro-batches' log-probs and entropies are gathered and the loss's metrics computed
     once on all rows (no gradient), so they do not depend on k.
 
@@ -205,6 +219,9 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
     there); the loss, on the [N, L] rows, is the same code.
     """
     k = int(rl.get("micro_batches", 1))
+    if packed and k > 1 and packs_per_micro is None:
+        raise ValueError(f"rl.micro_batches = {k} with rl.packing: give the update the packs "
+                         "of a micro-batch (packs_per_micro = Packer.packs_per_micro)")
     backend = kernel_backend
     batch_axes = dict(rules).get("batch") if mesh is not None else None
 
@@ -270,7 +287,7 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
             body, (zeros, jnp.float32(0.0)), (micro, jnp.arange(k)))
         return (loss, from_micro(logp), from_micro(entropy)), grads
 
-    def accumulate_packs(params, batch, dropout_rng):
+    def accumulate_packs(params, batch, dropout_rng, k):
         micro = _micro_packs(batch, k, mesh, rules)
 
         def body(carry, xs):
@@ -290,11 +307,13 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
 
     def update(state: TrainState, batch):
         dropout_rng = dropout_key(model.cfg.lora, dropout_seed, state.step)
-        if k == 1:
+        micro = micro_batch_count(batch, packs_per_micro) if packed else k
+        if micro == 1:
             (loss, (metrics, _, _)), grads = grad_fn(state.params, batch, dropout_rng)
         else:
             batch = with_normalizers(batch)
-            accumulate = accumulate_packs if packed else accumulate_rows
+            accumulate = (functools.partial(accumulate_packs, k=micro) if packed
+                          else accumulate_rows)
             (loss, logp, entropy), grads = accumulate(state.params, batch, dropout_rng)
             # The whole batch's metrics, from the micro-batches' log-probs (no gradient).
             _, metrics = loss_terms(logp, entropy, batch)

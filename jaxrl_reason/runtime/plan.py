@@ -443,14 +443,14 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     rollout = (_sds((n, tp), jnp.int32, batch_sharding(2)), _sds((n, tp), bool, batch_sharding(2)),
                _sds((n, length), jnp.int32, batch_sharding(2)),
                _sds((n, length), jnp.float32, batch_sharding(2)))
-    packs, share, tokens = _packs(config, cfg, mesh, rules, n, length)
+    packs, share, tokens, per_micro = _packs(config, cfg, mesh, rules, n, length)
     if "log-prob pass" in wanted:
         if packs is None:
             logprob = make_logprob_fn(model, rl.temperature, rl.micro_batches, mesh, rules)
             lowered, args = logprob.lower(params, *rollout), (params, rollout)
         else:
             logprob = make_packed_logprob_fn(model, rl.temperature, share, mesh, rules,
-                                             rl.micro_batches)
+                                             per_micro)
             lowered, args = logprob.lower(params, packs), (params, packs)
         programs.append(_compile("log-prob pass", lowered, args, 2 * num_params * tokens,
                                  n_dev))
@@ -477,7 +477,7 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
         batch["old_logp"] = _sds((n, length), jnp.float32, batch_sharding(2))
     update = make_update_fn(model, optimizer, rl, mesh, rules,
                             kernel_backend=config.kernels.backend, packed=packs is not None,
-                            share_prompts=share)
+                            share_prompts=share, packs_per_micro=per_micro)
     if "update" in wanted:
         # Forward 2|theta|, input gradients 2|theta|, weight gradients 2|theta| (not LoRA's).
         per_token = (4 if cfg.lora is not None else 6) * num_params
@@ -494,7 +494,8 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
     # During the reference pass the reference is the argument and the policy stays resident.
     resident = {"sampler": opt_out + ref_out, "log-prob pass": opt_out + ref_bytes,
                 "update": ref_out}
-    k = int(rl.micro_batches)
+    k = (int(rl.micro_batches) if packs is None or per_micro is None
+         else packs["pack_tokens"].shape[0] // per_micro)  # the micro-batches run
     for i, prog in enumerate(programs):
         changes = {"resident_bytes": resident[prog.name]}
         if k > 1 and prog.name != "sampler" and not prog.note:
@@ -511,17 +512,18 @@ def _plan(config: ml_collections.ConfigDict, topology: str,
 def _packs(config, cfg, mesh, rules, n: int, length: int):
     """With `rl.packing`: (the packed passes' inputs, `ShapeDtypeStruct`s pack_* int32
     [K, T] and pack_index int32 [N, L], at the run's largest pack count K, which holds every
-    row at full length; whether packs share prompts; K x T tokens). Without: (None, True,
-    the N padded rows' tokens)."""
+    row at full length; whether packs share prompts; K x T tokens; the packs of a
+    micro-batch, `Packer.packs_per_micro`). Without: (None, True, the N padded rows'
+    tokens, None)."""
     tp = max(config.task.prompt_buckets)
     if not config.rl.get("packing", False):
-        return None, True, n * (tp + length)
+        return None, True, n * (tp + length), None
     packer = packer_for(config, cfg, shd.data_parallel_size(mesh, rules))
     k, t = packer.counts.ladder[-1], packer.pack_tokens  # the top rung: any batch fits
     sharded = lambda rows: shd.batch_sharding(mesh, rules, 2, rows)  # noqa: E731
     packs = {key: _sds((k, t), jnp.int32, sharded(k)) for key in PACK_KEYS[:-1]}
     packs["pack_index"] = _sds((n, length), jnp.int32, sharded(n))
-    return packs, packer.share_prompts, k * t
+    return packs, packer.share_prompts, k * t, packer.packs_per_micro
 
 
 def advice(report: dict[str, Any]) -> list[str]:

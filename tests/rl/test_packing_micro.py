@@ -1,5 +1,6 @@
 """Micro-batched packed passes (rl.packing with rl.micro_batches = k > 1): the packs split
-into k strided micro-batches, each row's loss counted in the one micro-batch holding its
+into strided micro-batches of a fixed number of packs (k of them for the run's largest
+batch, fewer for lighter ones), each row's loss counted in the one micro-batch holding its
 pack. Against the one-micro-batch packed pass (itself checked against the padded one in
 tests/rl/test_packing_update.py): log-probs, loss, every metric and the gradients, in
 float32, for every GRPO-family aggregation. The micro-batched update's metrics are the
@@ -21,7 +22,7 @@ from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl import packing
 from jaxrl_reason.rl.batches import to_micro
 from jaxrl_reason.rl.update import (make_logprob_fn, make_packed_logprob_fn, make_update_fn,
-                                    micro_pack_index)
+                                    micro_batch_count, micro_pack_index)
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.runtime.train_state import create_train_state
 from numerics import decoder_grad_tolerance, decoder_tolerance
@@ -95,9 +96,10 @@ def _batch(mesh, model, params, rl, rows, packs):
     return batch
 
 
-def _update(model, rl, mesh, batch, params, packed=True):
+def _update(model, rl, mesh, batch, params, packed=True, per_micro=None):
     sgd = optax.sgd(1.0)
-    update = make_update_fn(model, sgd, rl, mesh, shd.DEFAULT_RULES, packed=packed)
+    update = make_update_fn(model, sgd, rl, mesh, shd.DEFAULT_RULES, packed=packed,
+                            packs_per_micro=per_micro)
     new, metrics = update(create_train_state(jax.tree.map(jnp.copy, params), sgd), batch)
     grads = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), params, new.params)
     return jax.device_get(metrics), grads
@@ -114,7 +116,8 @@ def test_micro_batched_packed_update_equals_one_micro_batch(devices, k, loss_typ
     assert packs["pack_tokens"].shape[0] % k == 0
     batch = _batch(mesh, model, params, _rl(loss_type, 1), rows, packs)
     m_one, g_one = _update(model, _rl(loss_type, 1), mesh, batch, params)
-    m_k, g_k = _update(model, _rl(loss_type, k), mesh, batch, params)
+    m_k, g_k = _update(model, _rl(loss_type, k), mesh, batch, params,
+                       per_micro=packs["pack_tokens"].shape[0] // k)
     atol = decoder_tolerance(cfg, params, tokens=T, temperature=0.7)
     assert set(m_k) == set(m_one)
     assert abs(m_one["pg_loss"]) > 1e-3 and abs(m_one["loss"]) > 1e-3
@@ -150,8 +153,10 @@ def test_micro_batched_packed_logprob_pass_equals_one_pass(devices, k):
     mesh, cfg, params = _setup(devices)
     model, rows = Transformer(cfg), packed_rows(1, 64, PROMPTS, GROUP, TP, LENGTH)
     packs = _packs(mesh, rows, devices * k)
+    per_micro = packs["pack_tokens"].shape[0] // k
     one = make_packed_logprob_fn(model, 0.7, True, mesh, shd.DEFAULT_RULES)(params, packs)
-    micro = make_packed_logprob_fn(model, 0.7, True, mesh, shd.DEFAULT_RULES, k)(params, packs)
+    micro = make_packed_logprob_fn(model, 0.7, True, mesh, shd.DEFAULT_RULES,
+                                   per_micro)(params, packs)
     atol = decoder_tolerance(cfg, params, tokens=T, temperature=0.7)
     assert np.abs(np.asarray(one)).max() > 100 * atol
     np.testing.assert_allclose(micro, one, rtol=0, atol=atol)
@@ -162,6 +167,46 @@ def test_a_pack_count_that_does_not_split_into_micro_batches_is_refused():
     mesh, cfg, params = _setup(1)
     model, rows = Transformer(cfg), packed_rows(1, 64, PROMPTS, GROUP, TP, LENGTH)
     packs = _packs(mesh, rows, 1)
-    k = packs["pack_tokens"].shape[0] + 1
-    with pytest.raises(ValueError, match=f"packs do not split into {k} micro-batches"):
-        make_packed_logprob_fn(model, 0.7, True, mesh, shd.DEFAULT_RULES, k)(params, packs)
+    per = packs["pack_tokens"].shape[0] + 1
+    with pytest.raises(ValueError, match=f"do not split into micro-batches of {per} packs"):
+        make_packed_logprob_fn(model, 0.7, True, mesh, shd.DEFAULT_RULES, per)(params, packs)
+    with pytest.raises(ValueError, match="give the update the packs of a micro-batch"):
+        make_update_fn(model, optax.sgd(1.0), _rl("grpo", 2), packed=True)
+
+
+def test_the_packer_sizes_micro_batches_from_the_largest_batch():
+    """64 rows of up to 17,407 tokens in packs of 17,408 (a row per pack at worst), 4
+    data-parallel shards, 16 micro-batches: 4 packs a micro-batch (one per shard); every
+    pack count is a multiple of 4, so a light batch of 9 packs runs 3 micro-batches, not 16."""
+    packer = packing.Packer(17408, 64, 17407, 4, True, micro_batches=16)
+    assert packer.packs_per_micro == 4
+    assert packer.counts.ladder[-1] == 64 and all(n % 4 == 0 for n in packer.counts.ladder)
+    light = packer.counts(9)
+    assert light == 12 and micro_batch_count({"pack_tokens": np.zeros((light, 1))}, 4) == 3
+    # rounding: 10 packs at most, 3 micro-batches, 2 shards -> 4 packs a micro-batch
+    assert packing.packs_per_micro_batch(10, 2, 3) == 4
+    assert packing.packs_per_micro_batch(10, 2, 1) is None
+    assert packing.Packer(64, 16, 20, 2, True).packs_per_micro is None
+
+
+def test_a_light_batch_runs_fewer_micro_batches_with_the_same_result():
+    """A run sized for 8 micro-batches of 2 packs on 2 devices; a batch needing few packs
+    runs as many micro-batches as its packs fill, and equals one micro-batch."""
+    mesh, cfg, params = _setup(2)
+    model, rows = Transformer(cfg), packed_rows(4, 64, PROMPTS, GROUP, TP, LENGTH)
+    prompt, valid, completion, lengths, _ = rows
+    packer = packing.Packer(T, len(completion), TP + LENGTH - 1, 2, True, micro_batches=8)
+    host = packer(prompt, valid, completion, lengths)
+    per, count = packer.packs_per_micro, len(host.tokens)
+    assert per == 2 and 1 < count // per < 8, (per, count, packer.counts.ladder)
+    packs = {name: _put(mesh, x) for name, x in host.arrays().items()}
+    batch = _batch(mesh, model, params, _rl("dapo", 1), rows, packs)
+    m_one, g_one = _update(model, _rl("dapo", 1), mesh, batch, params)
+    m_k, g_k = _update(model, _rl("dapo", 8), mesh, batch, params, per_micro=per)
+    atol = decoder_tolerance(cfg, params, tokens=T, temperature=0.7)
+    for name in m_one:
+        np.testing.assert_allclose(m_k[name], m_one[name], rtol=1e-5, atol=10 * atol,
+                                   err_msg=name)
+    grad_atol = decoder_grad_tolerance(cfg, g_one, tokens=T, rows=len(lengths))
+    for a, b in zip(jax.tree.leaves(g_one), jax.tree.leaves(g_k)):
+        np.testing.assert_allclose(b, a, rtol=0, atol=grad_atol)
