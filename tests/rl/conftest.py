@@ -9,9 +9,9 @@ import jax
 import ml_collections
 import pytest
 
+from cached_params import params_on
 from trainer_support import BASE, SMOKE
 from jaxrl_reason.cli import parse
-from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rl.trainer import RLTrainer
 from jaxrl_reason.runtime.build import build_runtime
 from jaxrl_reason.runtime.metrics import MetricsWriter
@@ -39,7 +39,7 @@ def make_trainer(runtime, tmp_path_factory):
             cfg.rewards.weights = ml_collections.ConfigDict(weights)
         workdir = str(tmp_path_factory.mktemp("run"))
         rt = dataclasses.replace(runtime, config=cfg, workdir=workdir)
-        params = init_params(rt.model_cfg, jax.random.key(seed), rt.mesh, rt.rules)
+        params = params_on(rt.model_cfg, rt.mesh, rt.rules, seed)  # one init compile
         initial = jax.device_get(params)  # the trainer donates `params` on its first update
         writer = MetricsWriter(workdir, tensorboard=False, console=False)
         trainer = RLTrainer(rt, writer, init_params=params)

@@ -3,6 +3,7 @@ the padded critic, in float32 on one device: the values, the value loss, its met
 gradients agree within the float-reordering bounds of tests/numerics.py, with prompts
 shared or repeated; and a packed PPO trainer's steps match the padded trainer's."""
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,11 @@ def _rows(seed=0, vocab=64):
     return prompt, valid, completion, lengths, mask
 
 
+@functools.lru_cache(maxsize=1)
 def _setup():
+    """(mesh of 1 device, the "test" model at vocabulary 64, its value params), made once
+    for the file (each init compiles its own program): read-only, so copy the params
+    before a donating update."""
     mesh = shd.make_mesh({"data": 1}, jax.devices()[:1])
     cfg = dataclasses.replace(get_preset("test"), vocab_size=64, attention_impl="reference")
     params = init_value_params(cfg, jax.random.key(0), mesh, shd.DEFAULT_RULES,
