@@ -83,10 +83,16 @@ SETTINGS = {
     "CS": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "max_num_seqs": SLOTS}),
     "LES": ({"param_dtype": "bfloat16", "lora": {**LORA, "base_quant": "none"}},
             {"tensor": 2, "max_num_seqs": 16}),
+    # ES on padding-free packs (a row per pack at worst: rl.pack_tokens = prompt +
+    # completion), micro-batched like ES; the setting context parallelism splits.
+    "ESP": ({"param_dtype": "bfloat16"},
+            {**OFFLOAD, "tensor": 2, "max_num_seqs": 16, "packing": True}),
+    "CSP": ({"param_dtype": "bfloat16"}, {**OFFLOAD, "max_num_seqs": SLOTS, "packing": True}),
 }
 FAMILIES = {"A": "full", "B": "full", "C": "full", "D": "full", "E": "full",
             "L": "LoRA", "Q8": "QLoRA", "Q4": "QLoRA", "LS": "LoRA", "Q4S": "QLoRA",
-            "L2": "LoRA", "ES": "full", "CS": "full", "LES": "LoRA"}
+            "L2": "LoRA", "ES": "full", "CS": "full", "LES": "LoRA",
+            "ESP": "full", "CSP": "full"}
 SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "C": "bf16 + Adam, host offload",
                  "D": "bf16 + Adam, host offload, 256-query chunks",
@@ -98,7 +104,10 @@ SETTING_NAMES = {"A": "f32 masters + Adam", "B": "bf16 weights + Adam",
                  "L2": "LoRA r16, bf16 base, 2 prompts x G = 8 per step",
                  "ES": "bf16 + Adam, host offload, FSDP x tensor 2, 16 decode slots",
                  "CS": f"bf16 + Adam, host offload, {SLOTS} decode slots",
-                 "LES": "LoRA r16, bf16 base, FSDP x tensor 2, 16 decode slots"}
+                 "LES": "LoRA r16, bf16 base, FSDP x tensor 2, 16 decode slots",
+                 "ESP": "bf16 + Adam, host offload, FSDP x tensor 2, 16 decode slots, "
+                        "packed",
+                 "CSP": f"bf16 + Adam, host offload, {SLOTS} decode slots, packed"}
 ROWS_PROMPTS, G, PROMPT, COMPLETION = 8, 8, 1024, 4096
 GiB = 2**30
 
@@ -140,6 +149,8 @@ def _config(model: str, topology: str, setting: str, layers: int | None, scan: b
     c.kernels.backend = "auto"                      # the Pallas kernels on TPU
     for key, value in rl_overrides.items():
         c.rl[key] = value
+    if c.rl.get("packing", False):  # the longest row alone fills a pack
+        c.rl.pack_tokens = PROMPT + c.rl.max_new_tokens
     return c, cfg
 
 

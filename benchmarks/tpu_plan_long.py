@@ -1,8 +1,8 @@
 """Long completions on real TPU slices, sized from this CPU: 16k- and 32k-token GRPO with
 context parallelism; adds a section to benchmarks/tpu_plan.md.
 
-    python benchmarks/tpu_plan_long.py qwen2.5-7b v5e-8 ES 16384 --contexts 1 2 4
-    python benchmarks/tpu_plan_long.py qwen2.5-7b v5p-8 CS 32768 --contexts 1
+    python benchmarks/tpu_plan_long.py qwen2.5-7b v5e-8 ESP 16384 --contexts 1 2 4
+    python benchmarks/tpu_plan_long.py qwen2.5-7b v5p-8 CSP 32768 --contexts 1 2 4
 
 The workload is `tpu_plan.py`'s (GRPO, 8 prompts x G = 8, 1,024-token prompts, beta = 0.04,
 bf16 compute, scanned layers, remat per block, 512-query attention chunks, chunked
@@ -169,9 +169,12 @@ def long_markdown(records: list[dict]) -> str:
              "every program compiled at full depth (scanned layers), memory per chip "
              "(arguments + outputs + temporaries + what stays resident). The training passes "
              "are compiled at each context size; the smallest that fits is chosen and the "
-             "sampler compiled on that mesh. Context parallelism splits packs "
-             "(`rl.packing`); these settings train on padded rows, micro-batched at one row "
-             "per FSDP shard, so they compile at context 1 only.", "",
+             "sampler compiled on that mesh (its rows split over data x context). Micro-batches "
+             "hold one row (padded settings) or one pack (packed settings: at worst a row "
+             "per pack) per data-parallel shard. Context parallelism splits packs "
+             "(`rl.packing`), so the padded settings compile at context 1 only; at context "
+             "c the data-parallel shards are c times fewer, the micro-batches c times more, "
+             "and each pack is split over c chips.", "",
              "| model | slice | setting | completion | context chosen | mesh | "
              "micro-batches | sampler GiB | log-prob GiB | update GiB | fits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
