@@ -30,8 +30,8 @@ import numpy as np
 from jaxrl_reason.rl.batches import Rollout
 from jaxrl_reason.models.lora import without_adapters
 from jaxrl_reason.rl.value import (create_critic_state, gae, init_lora_value_params,
-                                   init_value_params, make_value_fn, make_value_update_fn,
-                                   token_rewards, whiten)
+                                   init_value_params, token_rewards, whiten)
+from jaxrl_reason.rl.value_passes import make_value_fn, make_value_update_fn
 from jaxrl_reason.runtime.train_state import (TrainState, create_train_state,
                                               learning_rate_schedule, make_optimizer)
 
@@ -68,13 +68,15 @@ class Critic:
 
     def __init__(self, rt, rl, init_params, sft_params=None,
                  policy_params: Callable[[], Any] | None = None,
-                 share_prompts: bool | None = None):
+                 share_prompts: bool | None = None, packs_per_micro: int | None = None):
         """rt: the `Runtime` (model, mesh, rules, `put`); rl: the config's `rl` section (its
         `value` subsection: init, learning_rate, clip_range, warmup_steps, weight_decay,
         max_grad_norm). policy_params: returns the policy's current params; required with
         `model.lora` (the critic's adapters read the policy's frozen base through it).
         share_prompts: None for padded passes; with `rl.packing` the packer's prompt sharing,
-        and the value pass and update read packs (`advantages`' packs, the batch's)."""
+        and the value pass and update read packs (`advantages`' packs, the batch's),
+        `packs_per_micro` at a time (`Packer.packs_per_micro`); padded passes run
+        `rl.micro_batches` slices of rows."""
         v = rl.value
         if v.init not in VALUE_INITS:
             raise ValueError(f"rl.value.init must be one of {VALUE_INITS}, got {v.init!r}")
@@ -97,12 +99,14 @@ class Critic:
             self.state = create_train_state(params, self.optimizer)
         self.policy_params = policy_params
         self.packed = share_prompts is not None
+        micro = {"micro_batches": int(rl.get("micro_batches", 1)),
+                 "packs_per_micro": packs_per_micro}
         self.values_fn = make_value_fn(rt.model, rt.mesh, rt.rules, lora=self.lora,
-                                       share_prompts=share_prompts)
+                                       share_prompts=share_prompts, **micro)
         self.update_fn = make_value_update_fn(
             rt.model, self.optimizer, clip_range=v.clip_range or None, loss_type="bnpo",
             max_completion_length=rl.max_new_tokens, mesh=rt.mesh, rules=rt.rules,
-            lora=self.lora, share_prompts=share_prompts)
+            lora=self.lora, share_prompts=share_prompts, **micro)
         self.put = rt.put
         self.gamma, self.lam = rl.gamma, rl.lam
         self.whiten_advantages = bool(rl.whiten_advantages)

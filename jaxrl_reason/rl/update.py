@@ -6,14 +6,12 @@
   make_update_fn    (state, batch) -> (state, metrics): the policy loss's gradient step,
                     state donated, optionally accumulated over micro-batches (of rows, or
                     with `packed=True` of the batch's packs: `packed_logprobs`,
-                    `packed_micro_batch`)
+                    `micro.packed_micro_batch`)
   mix_reference     the TR-DPO / TRL reference sync, alpha * policy + (1 - alpha) * ref
   adaptive_kl_beta  Ziegler et al.'s adaptive KL coefficient (host float math)
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +22,7 @@ from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.lora import dropout_key, dropout_rngs
 from jaxrl_reason.models.scoring import completion_logprobs, hidden_logprobs, per_row_prompts
 from jaxrl_reason.rl import backends as kernel_dispatch
+from jaxrl_reason.rl import micro
 from jaxrl_reason.rl.batches import micro_sharding, from_micro, to_micro
 from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
                                               trainable_params, value_and_grad)
@@ -56,8 +55,7 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
                    compiler_options=platform.compiler_options("dense", mesh))
 
 
-PACK_KEYS = ("pack_tokens", "pack_positions", "pack_segments", "pack_prompt_segments",
-             "pack_targets", "pack_index")
+PACK_KEYS = micro.PACK_KEYS
 
 
 def packed_slot_logprobs(model, params, packs, *, temperature: float, share_prompts: bool,
@@ -84,12 +82,6 @@ def packed_slot_logprobs(model, params, packs, *, temperature: float, share_prom
                            batch_axes=batch_axes)
 
 
-def slots_to_rows(x: jax.Array, index: jax.Array) -> jax.Array:
-    """Per-slot values [K, T] -> per-row values [N, L]: x.reshape(-1)[index], 0 where index
-    (int32 [N, L]) is -1. The gradient scatters back to the slots."""
-    return jnp.where(index >= 0, x.reshape(-1)[jnp.maximum(index, 0)], 0.0)
-
-
 def packed_logprobs(model, params, packs, *, temperature: float, share_prompts: bool,
                     with_entropy: bool = True, mesh=None, batch_axes=None, dropout_rng=None):
     """Per-row log-probs (and entropies) of a packed batch: the decoder runs on the packs,
@@ -104,48 +96,7 @@ def packed_logprobs(model, params, packs, *, temperature: float, share_prompts: 
         model, params, packs, temperature=temperature, share_prompts=share_prompts,
         with_entropy=with_entropy, mesh=mesh, batch_axes=batch_axes, dropout_rng=dropout_rng)
     index = packs["pack_index"]
-    return slots_to_rows(logp, index), slots_to_rows(entropy, index)
-
-
-def micro_pack_index(index: jax.Array, i, k: int, pack_tokens: int) -> jax.Array:
-    """`pack_index` int32 [N, L] (flat slots of K packs of T tokens) -> the slots of
-    micro-batch i of `to_micro(packs, k)` (packs i, k + i, 2k + i, ...: pack j is its local
-    pack j // k), -1 where a row's token lives in another micro-batch's packs."""
-    pack, slot = index // pack_tokens, index % pack_tokens
-    mine = (index >= 0) & (pack % k == i)
-    return jnp.where(mine, (pack // k) * pack_tokens + slot, -1)
-
-
-def packed_micro_batch(batch, micro_packs, i, k: int):
-    """Micro-batch i of k of a packed update batch: `micro_packs` (the `pack_*` arrays of
-    micro-batch i, [K/k, T]) with `pack_index` re-addressed to them (`micro_pack_index`)
-    and the loss mask (`loss_mask`, else `mask`, f32 [N, L]) zero on the rows whose packs
-    are elsewhere (a row lives in one pack); the other arrays (one per row, or scalars
-    such as the whole batch's normalizers) unchanged."""
-    index = micro_pack_index(batch["pack_index"], i, k, micro_packs["pack_tokens"].shape[1])
-    loss_mask = batch.get("loss_mask", batch["mask"])
-    return {**batch, **micro_packs, "pack_index": index,
-            "loss_mask": jnp.where(index >= 0, loss_mask, 0).astype(loss_mask.dtype)}
-
-
-def micro_batch_count(packs, packs_per_micro: int | None) -> int:
-    """How many micro-batches a packed batch runs: K / packs_per_micro for `pack_tokens`
-    [K, T] (1 when packs_per_micro is None); ValueError when it does not divide K."""
-    num = packs["pack_tokens"].shape[0]
-    if packs_per_micro is None:
-        return 1
-    if num % packs_per_micro:
-        raise ValueError(f"rl.micro_batches: {num} packs do not split into micro-batches of "
-                         f"{packs_per_micro} packs (the packer's pack counts are multiples "
-                         "of a micro-batch's packs)")
-    return num // packs_per_micro
-
-
-def _micro_packs(packs, k: int, mesh, rules) -> dict:
-    """The `pack_*` arrays [K, T] of `packs` (not `pack_index`) as [k, K/k, T] strided
-    micro-batches (`to_micro`)."""
-    return {key: to_micro(packs[key], k, micro_sharding(mesh, rules, 3))
-            for key in PACK_KEYS[:-1]}
+    return micro.slots_to_rows(logp, index), micro.slots_to_rows(entropy, index)
 
 
 def make_packed_logprob_fn(model, temperature: float, share_prompts: bool, mesh=None,
@@ -162,13 +113,8 @@ def make_packed_logprob_fn(model, temperature: float, share_prompts: bool, mesh=
         return logp
 
     def fn(params, packs):
-        k = micro_batch_count(packs, packs_per_micro)
-        if k == 1:
-            logp = slots(params, packs)
-        else:
-            micro = _micro_packs(packs, k, mesh, rules)
-            logp = from_micro(jax.lax.map(lambda p: slots(params, p), micro))
-        return slots_to_rows(logp, packs["pack_index"])
+        logp = micro.map_packs(lambda p: slots(params, p), packs, packs_per_micro, mesh, rules)
+        return micro.slots_to_rows(logp, packs["pack_index"])
 
     return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
                    compiler_options=platform.compiler_options("dense", mesh))
@@ -206,10 +152,10 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
     into k strided micro-batches of M/k rows. Packed batches split into strided
     micro-batches of `packs_per_micro` packs (`Packer.packs_per_micro`, sized from
     rl.micro_batches and the run's largest batch; None: one micro-batch), as many as the
-    batch's packs need (`packed_micro_batch`: each row's tokens are in one pack, so its loss
-    counts in exactly one micro-batch). The metrics are those of the whole batch either way: the
-    micro-batches' log-probs and entropies are gathered and the loss's metrics computed
-    once on all rows (no gradient), so they do not depend on k.
+    batch's packs need (`micro.packed_micro_batch`: each row's tokens are in one pack, so
+    its loss counts in exactly one micro-batch). The metrics are those of the whole batch
+    either way: the micro-batches' log-probs and entropies are gathered and the loss's
+    metrics computed once on all rows (no gradient), so they do not depend on k.
 
     LoRA dropout (`model.cfg.lora.dropout` > 0) runs in this pass only, with the key
     `lora.dropout_key(lora, dropout_seed, state.step)` (micro-batch i: folded with i).
@@ -259,62 +205,34 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
 
     grad_fn = value_and_grad(loss_fn, has_aux=True)  # LoRA: the adapters' gradients only
 
-    def with_normalizers(batch):
-        """The whole batch's normalizers, so that each micro-batch's loss is its share."""
-        mask = batch.get("loss_mask", batch["mask"])
-        return {"num_sequences": jnp.float32(mask.shape[0]),
-                "num_tokens": jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0), **batch}
+    def micro_grad(dropout_rng):
+        """`micro.GradFn` of a micro-batch: loss, (logp, entropy); dropout key folded."""
+        def fn(params, batch, i):
+            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
+            (loss, (_, logp, entropy)), grads = grad_fn(params, batch, rng)
+            return (loss, (logp, entropy)), grads
+        return fn
 
-    def accumulate_rows(params, batch, dropout_rng):
+    def accumulate(params, batch, dropout_rng, count):
+        zeros = jax.tree.map(jnp.zeros_like, trainable_params(params))
+        if packed:
+            return micro.accumulate_packs(micro_grad(dropout_rng), params, batch, count,
+                                          zeros, 2, mesh, rules)
         # Micro-batches slice rows: a prompt per row.
         num_rows = batch["completion_tokens"].shape[0]
         batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], num_rows),
                  "prompt_valid": per_row_prompts(batch["prompt_valid"], num_rows)}
-        rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
-        consts = {n: x for n, x in batch.items() if jnp.ndim(x) == 0}
-        micro = {n: to_micro(x, k, micro_sharding(mesh, rules, x.ndim + 1))
-                 for n, x in rows.items()}
-
-        def body(carry, xs):
-            grads, loss = carry
-            mb, i = xs
-            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-            (l, (_, logp, entropy)), g = grad_fn(params, {**mb, **consts}, rng)
-            return (jax.tree.map(jnp.add, grads, g), loss + l), (logp, entropy)
-
-        zeros = jax.tree.map(jnp.zeros_like, trainable_params(params))
-        (grads, loss), (logp, entropy) = jax.lax.scan(
-            body, (zeros, jnp.float32(0.0)), (micro, jnp.arange(k)))
-        return (loss, from_micro(logp), from_micro(entropy)), grads
-
-    def accumulate_packs(params, batch, dropout_rng, k):
-        micro = _micro_packs(batch, k, mesh, rules)
-
-        def body(carry, xs):
-            grads, loss, logp, entropy = carry
-            packs, i = xs
-            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-            mb = packed_micro_batch(batch, packs, i, k)
-            (l, (_, lp, ent)), g = grad_fn(params, mb, rng)
-            # Each row is read by one micro-batch (0 elsewhere): the sums are the rows.
-            return (jax.tree.map(jnp.add, grads, g), loss + l, logp + lp, entropy + ent), None
-
-        rows = jnp.zeros(batch["pack_index"].shape, jnp.float32)
-        zeros = jax.tree.map(jnp.zeros_like, trainable_params(params))
-        (grads, loss, logp, entropy), _ = jax.lax.scan(
-            body, (zeros, jnp.float32(0.0), rows, rows), (micro, jnp.arange(k)))
-        return (loss, logp, entropy), grads
+        return micro.accumulate_rows(micro_grad(dropout_rng), params, batch, count, zeros,
+                                     mesh, rules)
 
     def update(state: TrainState, batch):
         dropout_rng = dropout_key(model.cfg.lora, dropout_seed, state.step)
-        micro = micro_batch_count(batch, packs_per_micro) if packed else k
-        if micro == 1:
+        count = micro.micro_batch_count(batch, packs_per_micro) if packed else k
+        if count == 1:
             (loss, (metrics, _, _)), grads = grad_fn(state.params, batch, dropout_rng)
         else:
-            batch = with_normalizers(batch)
-            accumulate = (functools.partial(accumulate_packs, k=micro) if packed
-                          else accumulate_rows)
-            (loss, logp, entropy), grads = accumulate(state.params, batch, dropout_rng)
+            batch = micro.with_normalizers(batch)
+            loss, (logp, entropy), grads = accumulate(state.params, batch, dropout_rng, count)
             # The whole batch's metrics, from the micro-batches' log-probs (no gradient).
             _, metrics = loss_terms(logp, entropy, batch)
         # A non-finite loss or gradient leaves weights and optimizer state untouched.

@@ -10,9 +10,8 @@ The pieces the trainer names, each a small pure function:
 - `gae`: generalised advantage estimation over the completion tokens (Schulman et al. 2016).
 - `whiten`: masked advantage whitening.
 - `value_loss`: the PPO clipped value loss and its metrics.
-- `make_value_fn` / `make_value_update_fn`: jitted scoring and donated critic updates, the
-  counterparts of `rl/update.py`'s `make_logprob_fn` / `make_update_fn`; with
-  `share_prompts` not None they read padding-free packs (`rl.packing`, `packed_values`).
+- `rl/value_passes.py` (`make_value_fn` / `make_value_update_fn`): the jitted value pass
+  and donated critic update built from these, micro-batched like the policy's passes.
 - With a LoRA policy (`model.lora`) the critic holds no trunk of its own: its trained params
   are its own adapters and the head (`init_lora_value_params`), read on top of the policy's
   frozen (possibly quantized) base, passed to every call (`lora_value_params`; no copy).
@@ -43,11 +42,8 @@ from typing import Any, Iterable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 from jax.sharding import Mesh
 
-from jaxrl_reason.runtime import sharding as shd
-from jaxrl_reason.kernels import platform
 from jaxrl_reason.models import lora as lora_lib
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.lora_params import init_adapters
@@ -56,7 +52,8 @@ from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
                                             trunk_config, value_param_shardings)
 from jaxrl_reason.rl.losses import LOSS_AGGREGATIONS, aggregate_loss
-from jaxrl_reason.runtime.train_state import TrainState, apply_gradients, opt_state_shardings
+from jaxrl_reason.rl.micro import slots_to_rows
+from jaxrl_reason.runtime.train_state import TrainState, opt_state_shardings
 
 Array = jnp.ndarray
 
@@ -66,8 +63,7 @@ __all__ = [
     "init_lora_value_params",
     "init_value_params",
     "lora_value_params",
-    "make_value_fn",
-    "make_value_update_fn",
+    "packed_slot_values",
     "packed_values",
     "token_rewards",
     "value_loss",
@@ -227,6 +223,19 @@ def completion_values(model, value_params, prompt_tokens, prompt_valid, completi
     return jnp.where(jnp.asarray(mask) != 0, values, 0.0)
 
 
+def packed_slot_values(model, value_params, packs, *, share_prompts: bool) -> Array:
+    """The value of every slot of a batch's packs (`rl/packing.py`): the value trunk and
+    head on pack_* int32 [K, T] (`pack_index` not read) -> float32 [K, T] (the slot
+    predicting completion token t holds V(s_t)). share_prompts: as in `packed_values`."""
+    segments = packs["pack_segments"]
+    hidden, _ = Transformer(trunk_config(model.cfg)).apply(
+        {"params": value_params["trunk"]}, packs["pack_tokens"], packs["pack_positions"],
+        segments > 0, return_hidden=True, segment_ids=segments,
+        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None)
+    head = nn.Dense(1, dtype=jnp.float32, param_dtype=jnp.dtype(model.cfg.param_dtype))
+    return head.apply({"params": value_params["head"]}, hidden.astype(jnp.float32))[..., 0]
+
+
 def packed_values(model, value_params, packs, *, share_prompts: bool) -> Array:
     """`completion_values` of packed rows (`rl/packing.py`): the value trunk runs on the
     packs, each slot's value is read, and the slots are gathered back to the rows (the
@@ -242,15 +251,8 @@ def packed_values(model, value_params, packs, *, share_prompts: bool) -> Array:
       float32 [N, L], 0 where pack_index is -1; `completion_values` of the padded rows up to
       float summation order.
     """
-    segments = packs["pack_segments"]
-    hidden, _ = Transformer(trunk_config(model.cfg)).apply(
-        {"params": value_params["trunk"]}, packs["pack_tokens"], packs["pack_positions"],
-        segments > 0, return_hidden=True, segment_ids=segments,
-        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None)
-    head = nn.Dense(1, dtype=jnp.float32, param_dtype=jnp.dtype(model.cfg.param_dtype))
-    values = head.apply({"params": value_params["head"]}, hidden.astype(jnp.float32))[..., 0]
-    index = packs["pack_index"]
-    return jnp.where(index >= 0, values.reshape(-1)[jnp.maximum(index, 0)], 0.0)
+    values = packed_slot_values(model, value_params, packs, share_prompts=share_prompts)
+    return slots_to_rows(values, packs["pack_index"])
 
 
 # ----------------------------------------------------------------------------- rewards, GAE
@@ -437,82 +439,3 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
 
 
 # ----------------------------------------------------------------------------- jitted steps
-
-
-def make_value_fn(model, mesh=None, rules=(), lora: bool = False,
-                  share_prompts: bool | None = None):
-    """Jitted (value_params, prompt_tokens, prompt_valid, completion_tokens, mask) -> values
-    f32 [B, L] (`completion_values`; the rollout's `scoring_args()` after the params).
-    mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
-    lora: a LoRA critic's (critic_params, base, ...) instead (`lora_value_params`).
-    share_prompts: not None, (value_params, packs) instead (`packed_values`; packs holds
-    the `update.PACK_KEYS`)."""
-
-    def fn(value_params, *rows):
-        if share_prompts is not None:
-            return packed_values(model, value_params, *rows, share_prompts=share_prompts)
-        return completion_values(model, value_params, *rows)
-
-    if lora:
-        def lora_fn(critic_params, base, *rows):
-            return fn(lora_value_params(critic_params, base), *rows)
-
-        return jax.jit(shd.with_activation_sharding(lora_fn, mesh, rules),
-                       compiler_options=platform.compiler_options("dense", mesh))
-
-    return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
-                   compiler_options=platform.compiler_options("dense", mesh))
-
-
-def make_value_update_fn(model, optimizer, *, clip_range: float | None,
-                         loss_type: str = "bnpo", max_completion_length: int | None = None,
-                         mesh=None, rules=(), lora: bool = False,
-                         share_prompts: bool | None = None):
-    """Jitted, state-donating critic update: (value_state, batch) -> (value_state, metrics).
-
-    Args:
-      model: the policy's `Transformer` (see `completion_values`).
-      optimizer: optax transformation (e.g. `train_state.make_optimizer`).
-      clip_range, loss_type, max_completion_length: as in `value_loss`.
-      mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
-    `batch` is a dict with prompt_tokens, prompt_valid, completion_tokens, mask (the
-    Rollout's fields), "old_values" and "returns" f32 [B, L], and optionally "num_tokens" /
-    "num_sequences" (global normalizers); other keys are ignored, so the policy's batch dict
-    can be reused. Metrics: those of `value_loss` plus "value_grad_norm".
-
-    lora: a LoRA critic, (value_state, base, batch) -> (value_state, metrics): the state
-    holds its adapters and head (`init_lora_value_params`, all trained), `base` is the
-    policy's frozen base (not donated, not differentiated).
-
-    share_prompts: not None, the values come from the batch's packs instead of its prompt
-    and completion tokens (`packed_values`; `rl.packing`); the loss is the same code.
-    """
-
-    def loss_fn(params, batch):
-        if share_prompts is not None:
-            values = packed_values(model, params, batch, share_prompts=share_prompts)
-        else:
-            values = completion_values(model, params, batch["prompt_tokens"],
-                                       batch["prompt_valid"], batch["completion_tokens"],
-                                       batch["mask"])
-        return value_loss(values, batch["old_values"], batch["returns"], batch["mask"],
-                          clip_range=clip_range, loss_type=loss_type,
-                          max_completion_length=max_completion_length,
-                          num_tokens_global=batch.get("num_tokens"),
-                          num_sequences=batch.get("num_sequences"))
-
-    def update(state: TrainState, batch):
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-        state, grad_norm = apply_gradients(state, grads, optimizer)
-        return state, {**metrics, "value_grad_norm": grad_norm}
-
-    def lora_update(state: TrainState, base, batch):
-        (_, metrics), grads = jax.value_and_grad(
-            lambda p: loss_fn(lora_value_params(p, base), batch), has_aux=True)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                           opt_state=opt_state)
-        return state, {**metrics, "value_grad_norm": optax.tree.norm(grads)}
-
-    return jax.jit(shd.with_activation_sharding(lora_update if lora else update, mesh, rules),
-                   donate_argnums=0, compiler_options=platform.compiler_options("dense", mesh))

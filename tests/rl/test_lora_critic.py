@@ -15,8 +15,8 @@ from jaxrl_reason.models import lora as lora_lib, lora_params
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl.critic import Critic
 from jaxrl_reason.rl.value import (gae, init_lora_value_params, init_value_params,
-                                   lora_value_params, make_value_fn, make_value_update_fn,
-                                   token_rewards)
+                                   lora_value_params, token_rewards)
+from jaxrl_reason.rl.value_passes import make_value_fn, make_value_update_fn
 from jaxrl_reason.runtime.train_state import make_optimizer
 from jaxrl_reason.rl.value import create_critic_state
 from numerics import value_head_tolerance

@@ -14,8 +14,8 @@ import pytest
 from jaxrl_reason.models.config import get_preset
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl import packing
-from jaxrl_reason.rl.value import (completion_values, init_value_params,
-                                   make_value_update_fn, packed_values)
+from jaxrl_reason.rl.value import completion_values, init_value_params, packed_values
+from jaxrl_reason.rl.value_passes import make_value_update_fn
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.runtime.train_state import create_train_state
 from numerics import decoder_grad_tolerance, decoder_tolerance, value_head_tolerance

@@ -21,8 +21,8 @@ from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl import packing
 from jaxrl_reason.rl.batches import to_micro
-from jaxrl_reason.rl.update import (make_logprob_fn, make_packed_logprob_fn, make_update_fn,
-                                    micro_batch_count, micro_pack_index)
+from jaxrl_reason.rl.micro import micro_batch_count, micro_pack_index
+from jaxrl_reason.rl.update import make_logprob_fn, make_packed_logprob_fn, make_update_fn
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.runtime.train_state import create_train_state
 from numerics import decoder_grad_tolerance, decoder_tolerance

@@ -10,8 +10,8 @@ from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.models.value_head import (abstract_value_params, trunk_config,
                                             value_param_logical_axes, value_param_shardings)
-from jaxrl_reason.rl.value import (gae, init_value_params, make_value_fn,
-                                   make_value_update_fn, token_rewards, value_loss, whiten)
+from jaxrl_reason.rl.value import gae, init_value_params, token_rewards, value_loss, whiten
+from jaxrl_reason.rl.value_passes import make_value_fn, make_value_update_fn
 from jaxrl_reason.runtime.train_state import create_train_state, make_optimizer
 from numerics import f32_tolerance
 
