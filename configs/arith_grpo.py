@@ -82,6 +82,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft.max_grad_norm = 1.0               # global-norm gradient clipping
     c.sft.max_completion_length = 96        # longest completion (tokens incl. EOS)
     c.sft.length_bucket = 16                # batches pad completions to a multiple of this
+    c.sft.micro_batches = 1                 # gradient accumulation: rows (or packs) in k parts
     c.sft.packing = False                   # padding-free packs (docs/packing.md)
     c.sft.pack_tokens = 256                 # tokens per pack: >= prompt + completion - 1
 

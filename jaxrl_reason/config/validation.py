@@ -119,6 +119,11 @@ def _split_problems(config, dp: int | None) -> list[str]:
     if dp and isinstance(sft_batch, int) and sft_batch % dp:
         problems.append(f"sft.batch_size: {sft_batch} does not split over the {dp} "
                         f"data-parallel shards of the mesh")
+    sft_micro = _get(config, "sft.micro_batches", 1)
+    if dp and isinstance(sft_micro, int) and sft_micro >= 1 and isinstance(sft_batch, int) \
+            and not _get(config, "sft.packing", False) and sft_batch % (dp * sft_micro):
+        problems.append(f"sft.micro_batches: sft.batch_size {sft_batch} does not split into "
+                        f"{sft_micro} micro-batches x {dp} data-parallel shards")
     n, eval_prompts = _get(config, "eval.num_samples"), _get(config, "eval.batch_prompts")
     if dp and isinstance(n, int) and isinstance(eval_prompts, int) and (n * eval_prompts) % dp:
         problems.append(f"eval.batch_prompts: {eval_prompts} prompts x {n} samples do not "
@@ -197,9 +202,10 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     for key in ("rl.offload_reference", "rl.offload_optimizer"):
         if not isinstance(_get(config, key, False), bool):
             problems.append(f"{key}: must be True or False, got {_get(config, key)!r}")
-    micro = _get(config, "rl.micro_batches", 1)
-    if not (isinstance(micro, int) and micro >= 1):
-        problems.append(f"rl.micro_batches: must be an int >= 1, got {micro!r}")
+    for key in ("rl.micro_batches", "sft.micro_batches"):
+        micro = _get(config, key, 1)
+        if not (isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1):
+            problems.append(f"{key}: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
     problems += _packing_problems(config)
     problems += _sft_packing_problems(config)

@@ -10,6 +10,7 @@ summation order.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Mapping, Sequence
 
@@ -26,7 +27,7 @@ from jaxrl_reason.models.lora import dropout_key
 from jaxrl_reason.models.lora_params import for_training
 from jaxrl_reason.models.params import init_params
 from jaxrl_reason.models.scoring import completion_logprobs
-from jaxrl_reason.rl import packing
+from jaxrl_reason.rl import micro, packing
 from jaxrl_reason.rl.update import packed_logprobs
 from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.runtime.progress import ProgressBar
@@ -36,7 +37,7 @@ from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.sampling.sampler import right_pad, round_up
 from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
                                       create_train_state, learning_rate_schedule,
-                                      make_optimizer, value_and_grad)
+                                      make_optimizer, trainable_params, value_and_grad)
 
 
 def sft_examples(source: Sequence[Mapping[str, Any]], limit: int) -> Sequence[Mapping[str, Any]]:
@@ -92,14 +93,16 @@ def sft_batch(rt: Runtime, examples: Sequence[Mapping[str, Any]], max_completion
 def sft_packer(rt: Runtime) -> packing.Packer | None:
     """The SFT run's packer with `sft.packing` (None without): T = sft.pack_tokens, rows of
     at most max(task.prompt_buckets) + sft.max_completion_length - 1 tokens, pack counts
-    multiples of the data-parallel size."""
+    multiples of the data-parallel size (with sft.micro_batches > 1, of the packs of a
+    micro-batch, `Packer.packs_per_micro`)."""
     cfg = rt.config.sft
     if not cfg.get("packing", False):
         return None
     return packing.Packer(cfg.pack_tokens, cfg.batch_size,
                           max(rt.config.task.prompt_buckets) + cfg.max_completion_length - 1,
                           shd.data_parallel_size(rt.mesh, rt.rules),
-                          packing.shares_prompts(rt.model_cfg))
+                          packing.shares_prompts(rt.model_cfg),
+                          int(cfg.get("micro_batches", 1)))
 
 
 def packed_sft_batch(batch: Mapping[str, np.ndarray],
@@ -117,7 +120,9 @@ def sft_loss(model, params, batch, dropout_rng=None,
     """Mean negative log-likelihood over completion tokens. Returns (loss f32 [], metrics).
     dropout_rng: the LoRA dropout key (`lora.dropout_key`), or None. share_prompts: None
     for `sft_batch`'s padded rows, else the batch is `packed_sft_batch`'s and this is its
-    packer's `share_prompts`."""
+    packer's `share_prompts`. A batch's `num_tokens` (f32 [], when present) is the
+    denominator instead of its own completion tokens: a micro-batch's loss is then its
+    share of the whole batch's."""
     if share_prompts is None:
         logp, _ = completion_logprobs(model, params, batch["prompt_tokens"],
                                       batch["prompt_valid"], batch["completion_tokens"],
@@ -127,24 +132,55 @@ def sft_loss(model, params, batch, dropout_rng=None,
         logp, _ = packed_logprobs(model, params, batch, temperature=1.0,
                                   share_prompts=share_prompts, with_entropy=False,
                                   dropout_rng=dropout_rng)
-    tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
+    tokens = batch.get("num_tokens", jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0))
     loss = -jnp.sum(logp) / tokens
     return loss, {"loss": loss, "tokens": tokens}
 
 
 def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0,
-                  share_prompts: bool | None = None):
+                  share_prompts: bool | None = None, micro_batches: int = 1,
+                  packs_per_micro: int | None = None):
     """The jitted, state-donating SFT update: (state, batch) -> (state, metrics).
     mesh, rules: lay the activations out by `rules` (`sharding.activation_sharding`).
-    dropout_seed: LoRA dropout's masks are folded from it and the optimizer step.
-    share_prompts: None for padded batches, else packed ones (`sft_loss`)."""
+    dropout_seed: LoRA dropout's masks are folded from it and the optimizer step (and
+    micro-batch i: folded with i).
+    share_prompts: None for padded batches, else packed ones (`sft_loss`).
+    micro_batches: padded rows, k > 1 strided micro-batches of B/k rows whose gradients are
+    summed (gradient accumulation, one optimizer step; the loss divides by the whole
+    batch's tokens). packs_per_micro: packed, the packs of a micro-batch
+    (`Packer.packs_per_micro`; None: all at once), as many micro-batches as the packs fill.
+    Metrics ("loss", "tokens") are the whole batch's either way."""
+    if share_prompts is not None and micro_batches > 1 and packs_per_micro is None:
+        raise ValueError(f"sft.micro_batches = {micro_batches} with sft.packing: give the step "
+                         "the packs of a micro-batch (packs_per_micro)")
+
+    def grad_fn(params, batch, rng):
+        # only the LoRA adapters when the params hold any (train_state.value_and_grad)
+        return value_and_grad(lambda p: sft_loss(model, p, batch, rng, share_prompts),
+                              has_aux=True)(params)
+
+    def micro_grad(rng):
+        def fn(params, batch, i):
+            (loss, _), grads = grad_fn(params, batch,
+                                       None if rng is None else jax.random.fold_in(rng, i))
+            return (loss, ()), grads
+        return fn
 
     def step(state: TrainState, batch):
-        # only the LoRA adapters when the params hold any (train_state.value_and_grad)
         rng = dropout_key(model.cfg.lora, dropout_seed, state.step)  # LoRA dropout, if any
-        grad_fn = value_and_grad(lambda p: sft_loss(model, p, batch, rng, share_prompts),
-                                 has_aux=True)
-        (loss, metrics), grads = grad_fn(state.params)
+        count = (micro_batches if share_prompts is None
+                 else micro.micro_batch_count(batch, packs_per_micro))
+        if count == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch, rng)
+        else:
+            tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
+            batch = {**batch, "num_tokens": tokens}
+            zeros = jax.tree.map(jnp.zeros_like, trainable_params(state.params))
+            accumulate = micro.accumulate_rows if share_prompts is None else functools.partial(
+                micro.accumulate_packs, num_outputs=0)
+            loss, _, grads = accumulate(micro_grad(rng), state.params, batch, count, zeros,
+                                        mesh=mesh, rules=rules)
+            metrics = {"loss": loss, "tokens": tokens}
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}
 
@@ -195,7 +231,9 @@ def run_sft(rt: Runtime, writer: MetricsWriter, *, params: Any = None,
     packer = sft_packer(rt)  # sft.packing: rows of one length, only the pack count varies
     step_fn = make_sft_step(rt.model, optimizer, rt.mesh, rt.rules,
                             dropout_seed=rt.config.seed + 4,
-                            share_prompts=None if packer is None else packer.share_prompts)
+                            share_prompts=None if packer is None else packer.share_prompts,
+                            micro_batches=int(cfg.get("micro_batches", 1)),
+                            packs_per_micro=None if packer is None else packer.packs_per_micro)
     guard = SkipGuard("sft", rt.config.guards.max_consecutive_skips)
     with ProgressBar(cfg.steps, "sft", enabled=rt.config.log.progress_bar) as bar:
         bar.update(start)
