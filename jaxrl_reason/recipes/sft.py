@@ -175,10 +175,10 @@ def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0,
         else:
             tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
             batch = {**batch, "num_tokens": tokens}
-            zeros = jax.tree.map(jnp.zeros_like, trainable_params(state.params))
+            like = trainable_params(state.params)  # LoRA: the adapters
             accumulate = micro.accumulate_rows if share_prompts is None else functools.partial(
                 micro.accumulate_packs, num_outputs=0)
-            loss, _, grads = accumulate(micro_grad(rng), state.params, batch, count, zeros,
+            loss, _, grads = accumulate(micro_grad(rng), state.params, batch, count, like,
                                         mesh=mesh, rules=rules)
             metrics = {"loss": loss, "tokens": tokens}
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)

@@ -98,12 +98,29 @@ GradFn = Callable[..., tuple[tuple[jax.Array, tuple], object]]
 grads), the gradient pass of one micro-batch (i: its index, e.g. for a dropout key)."""
 
 
-def accumulate_rows(grad_fn: GradFn, params, batch, k: int, zeros, mesh=None, rules=()):
+def _accumulator(like):
+    """Zeros shaped like the gradients `like`, in float32 at least: k bf16 gradients summed
+    in bf16 would lose up to log2(k) of bf16's 8 mantissa bits to rounding."""
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)),
+                        like)
+
+
+def _add(acc, grads):
+    return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
+
+
+def _cast_like(acc, like):
+    """The summed gradients back in the dtypes of `like` (the one-micro-batch gradients')."""
+    return jax.tree.map(lambda a, x: a.astype(x.dtype), acc, like)
+
+
+def accumulate_rows(grad_fn: GradFn, params, batch, k: int, like, mesh=None, rules=()):
     """Gradient accumulation over k strided micro-batches of rows (`lax.scan`).
 
     Args:
       batch: arrays with a leading row axis M (split), and scalars (shared).
-      zeros: a zero tree shaped like the gradients.
+      like: a tree shaped like the gradients (e.g. the trainable params); the sum runs in
+        float32 (at least) and comes back in its dtypes.
     Returns: (loss f32 [] summed, outputs each [M, ...] in row order, grads summed).
     """
     rows = {n: x for n, x in batch.items() if jnp.ndim(x) >= 1}
@@ -114,18 +131,19 @@ def accumulate_rows(grad_fn: GradFn, params, batch, k: int, zeros, mesh=None, ru
         grads, loss = carry
         mb, i = xs
         (l, outs), g = grad_fn(params, {**mb, **consts}, i)
-        return (jax.tree.map(jnp.add, grads, g), loss + l), outs
+        return (_add(grads, g), loss + l), outs
 
-    (grads, loss), outs = jax.lax.scan(body, (zeros, jnp.float32(0.0)), (micro, jnp.arange(k)))
-    return loss, tuple(from_micro(o) for o in outs), grads
+    (grads, loss), outs = jax.lax.scan(body, (_accumulator(like), jnp.float32(0.0)),
+                                       (micro, jnp.arange(k)))
+    return loss, tuple(from_micro(o) for o in outs), _cast_like(grads, like)
 
 
-def accumulate_packs(grad_fn: GradFn, params, batch, k: int, zeros, num_outputs: int,
+def accumulate_packs(grad_fn: GradFn, params, batch, k: int, like, num_outputs: int,
                      mesh=None, rules=()):
     """Gradient accumulation over k strided micro-batches of packs (`lax.scan`,
     `packed_micro_batch`). Each pass's `num_outputs` outputs are f32 [N, L] (the shape of
     `pack_index`), its rows' values and 0 on the rows of other micro-batches, so their sums
-    are the whole batch's.
+    are the whole batch's. like: as in `accumulate_rows`.
 
     Returns: (loss f32 [] summed, outputs each f32 [N, L], grads summed).
     """
@@ -136,12 +154,11 @@ def accumulate_packs(grad_fn: GradFn, params, batch, k: int, zeros, num_outputs:
         grads, loss, outs = carry
         packs_i, i = xs
         (l, o), g = grad_fn(params, packed_micro_batch(batch, packs_i, i, k), i)
-        return (jax.tree.map(jnp.add, grads, g), loss + l,
-                tuple(a + b for a, b in zip(outs, o))), None
+        return (_add(grads, g), loss + l, tuple(a + b for a, b in zip(outs, o))), None
 
-    (grads, loss, outs), _ = jax.lax.scan(body, (zeros, jnp.float32(0.0), rows),
+    (grads, loss, outs), _ = jax.lax.scan(body, (_accumulator(like), jnp.float32(0.0), rows),
                                           (micro, jnp.arange(k)))
-    return loss, outs, grads
+    return loss, outs, _cast_like(grads, like)
 
 
 def map_packs(slot_fn: Callable, packs, packs_per_micro: int | None, mesh=None, rules=()):

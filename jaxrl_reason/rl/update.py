@@ -214,15 +214,15 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
         return fn
 
     def accumulate(params, batch, dropout_rng, count):
-        zeros = jax.tree.map(jnp.zeros_like, trainable_params(params))
+        like = trainable_params(params)  # LoRA: the adapters
         if packed:
             return micro.accumulate_packs(micro_grad(dropout_rng), params, batch, count,
-                                          zeros, 2, mesh, rules)
+                                          like, 2, mesh, rules)
         # Micro-batches slice rows: a prompt per row.
         num_rows = batch["completion_tokens"].shape[0]
         batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], num_rows),
                  "prompt_valid": per_row_prompts(batch["prompt_valid"], num_rows)}
-        return micro.accumulate_rows(micro_grad(dropout_rng), params, batch, count, zeros,
+        return micro.accumulate_rows(micro_grad(dropout_rng), params, batch, count, like,
                                      mesh, rules)
 
     def update(state: TrainState, batch):

@@ -148,10 +148,9 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
             (loss, (metrics, _)), grads = grad_fn(params, batch, base)
             return metrics, grads
         batch = micro.with_normalizers(batch, "mask")
-        zeros = jax.tree.map(jnp.zeros_like, params)
         if packed:
             _, (values,), grads = micro.accumulate_packs(micro_grad(base), params, batch,
-                                                         count, zeros, 1, mesh, rules)
+                                                         count, params, 1, mesh, rules)
         else:
             rows = {k: v for k, v in batch.items()
                     if k in (*ROW_KEYS, "old_values", "returns") or jnp.ndim(v) == 0}
@@ -159,7 +158,7 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
             rows.update(prompt_tokens=per_row_prompts(batch["prompt_tokens"], n),
                         prompt_valid=per_row_prompts(batch["prompt_valid"], n))
             _, (values,), grads = micro.accumulate_rows(micro_grad(base), params, rows,
-                                                        count, zeros, mesh, rules)
+                                                        count, params, mesh, rules)
         # The whole batch's metrics, from the micro-batches' values (no gradient).
         return loss_terms(values, batch)[1], grads
 
