@@ -10,7 +10,6 @@ summation order.
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Mapping, Sequence
 
@@ -150,36 +149,27 @@ def make_sft_step(model, optimizer, mesh=None, rules=(), dropout_seed: int = 0,
     batch's tokens). packs_per_micro: packed, the packs of a micro-batch
     (`Packer.packs_per_micro`; None: all at once), as many micro-batches as the packs fill.
     Metrics ("loss", "tokens") are the whole batch's either way."""
-    if share_prompts is not None and micro_batches > 1 and packs_per_micro is None:
-        raise ValueError(f"sft.micro_batches = {micro_batches} with sft.packing: give the step "
-                         "the packs of a micro-batch (packs_per_micro)")
+    split = micro.MicroBatches(share_prompts is not None, micro_batches, packs_per_micro,
+                               mesh, tuple(rules), key="sft.micro_batches")
 
     def grad_fn(params, batch, rng):
         # only the LoRA adapters when the params hold any (train_state.value_and_grad)
         return value_and_grad(lambda p: sft_loss(model, p, batch, rng, share_prompts),
                               has_aux=True)(params)
 
-    def micro_grad(rng):
-        def fn(params, batch, i):
-            (loss, _), grads = grad_fn(params, batch,
-                                       None if rng is None else jax.random.fold_in(rng, i))
-            return (loss, ()), grads
-        return fn
+    def micro_grad(params, batch, rng):  # a micro-batch's loss, no outputs, gradients
+        (loss, _), grads = grad_fn(params, batch, rng)
+        return (loss, ()), grads
 
     def step(state: TrainState, batch):
         rng = dropout_key(model.cfg.lora, dropout_seed, state.step)  # LoRA dropout, if any
-        count = (micro_batches if share_prompts is None
-                 else micro.micro_batch_count(batch, packs_per_micro))
-        if count == 1:
+        if split.count(batch) == 1:
             (loss, metrics), grads = grad_fn(state.params, batch, rng)
         else:
             tokens = jnp.maximum(jnp.sum(batch["completion_mask"]), 1.0)
-            batch = {**batch, "num_tokens": tokens}
-            like = trainable_params(state.params)  # LoRA: the adapters
-            accumulate = micro.accumulate_rows if share_prompts is None else functools.partial(
-                micro.accumulate_packs, num_outputs=0)
-            loss, _, grads = accumulate(micro_grad(rng), state.params, batch, count, like,
-                                        mesh=mesh, rules=rules)
+            loss, _, grads = split.accumulate(
+                micro.folding(micro_grad, rng), state.params, {**batch, "num_tokens": tokens},
+                trainable_params(state.params), 0)  # LoRA: the adapters' gradients
             metrics = {"loss": loss, "tokens": tokens}
         state, grad_norm, ok = apply_gradients_if_finite(state, grads, loss, optimizer)
         return state, {**metrics, "grad_norm": grad_norm, "update_skipped": 1.0 - ok}

@@ -18,16 +18,20 @@ batch's metrics once (`accumulate_rows`, `accumulate_packs`).
   with_normalizers   the whole batch's num_sequences / num_tokens (defaults)
   accumulate_rows    lax.scan over row micro-batches: summed loss and gradients, rows
   accumulate_packs   the same over pack micro-batches
+  MicroBatches       a pass's split (rows or packs): count, accumulate
+  folding            a gradient pass with micro-batch i's dropout key
   map_packs          a forward pass over pack micro-batches: per-slot outputs [K, T]
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from jaxrl_reason.models.scoring import per_row_prompts
 from jaxrl_reason.rl.batches import from_micro, micro_sharding, to_micro
 
 PACK_KEYS = ("pack_tokens", "pack_positions", "pack_segments", "pack_prompt_segments",
@@ -159,6 +163,52 @@ def accumulate_packs(grad_fn: GradFn, params, batch, k: int, like, num_outputs: 
     (grads, loss, outs), _ = jax.lax.scan(body, (_accumulator(like), jnp.float32(0.0), rows),
                                           (micro, jnp.arange(k)))
     return loss, outs, _cast_like(grads, like)
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatches:
+    """How a training pass splits its batch for gradient accumulation: `rows` strided
+    micro-batches of padded rows, or with `packed` micro-batches of `packs_per_micro` packs
+    (`packing.Packer.packs_per_micro`), as many as a batch's packs fill. `key` names the
+    config knob in errors. ValueError for a packed pass asked for micro-batches without
+    the packs of one (it would otherwise run them all at once)."""
+    packed: bool
+    rows: int = 1
+    packs_per_micro: int | None = None
+    mesh: Any = None
+    rules: tuple = ()
+    key: str = "rl.micro_batches"
+
+    def __post_init__(self):
+        if self.packed and self.rows > 1 and self.packs_per_micro is None:
+            raise ValueError(f"{self.key} = {self.rows} with packing: give the pass the packs "
+                             "of a micro-batch (packs_per_micro = Packer.packs_per_micro)")
+
+    def count(self, batch) -> int:
+        """How many micro-batches `batch` runs (1: no accumulation)."""
+        return micro_batch_count(batch, self.packs_per_micro) if self.packed else self.rows
+
+    def accumulate(self, grad_fn: GradFn, params, batch, like, num_outputs: int):
+        """`accumulate_packs` or `accumulate_rows` (padded rows get a prompt per row first,
+        `prompt_tokens` / `prompt_valid` [P, Tp] -> [M, Tp]) over `count(batch)`
+        micro-batches: (loss f32 [] summed, outputs, grads summed in `like`'s dtypes)."""
+        k = self.count(batch)
+        if self.packed:
+            return accumulate_packs(grad_fn, params, batch, k, like, num_outputs, self.mesh,
+                                    self.rules)
+        if "prompt_tokens" in batch:
+            n = batch["completion_tokens"].shape[0]
+            batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], n),
+                     "prompt_valid": per_row_prompts(batch["prompt_valid"], n)}
+        return accumulate_rows(grad_fn, params, batch, k, like, self.mesh, self.rules)
+
+
+def folding(fn: Callable, rng) -> GradFn:
+    """The `GradFn` of `fn(params, batch, rng) -> ((loss, outputs), grads)` with micro-batch
+    i's key `fold_in(rng, i)` (LoRA dropout; None stays None)."""
+    def grad_fn(params, batch, i):
+        return fn(params, batch, None if rng is None else jax.random.fold_in(rng, i))
+    return grad_fn
 
 
 def map_packs(slot_fn: Callable, packs, packs_per_micro: int | None, mesh=None, rules=()):

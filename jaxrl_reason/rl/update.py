@@ -164,10 +164,8 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
     completion tokens, and the log-probs come from `packed_logprobs` (share_prompts as
     there); the loss, on the [N, L] rows, is the same code.
     """
-    k = int(rl.get("micro_batches", 1))
-    if packed and k > 1 and packs_per_micro is None:
-        raise ValueError(f"rl.micro_batches = {k} with rl.packing: give the update the packs "
-                         "of a micro-batch (packs_per_micro = Packer.packs_per_micro)")
+    split = micro.MicroBatches(packed, int(rl.get("micro_batches", 1)), packs_per_micro,
+                               mesh, tuple(rules))
     backend = kernel_backend
     batch_axes = dict(rules).get("batch") if mesh is not None else None
 
@@ -205,34 +203,20 @@ def make_update_fn(model, optimizer, rl, mesh=None, rules=(), kernel_backend: st
 
     grad_fn = value_and_grad(loss_fn, has_aux=True)  # LoRA: the adapters' gradients only
 
-    def micro_grad(dropout_rng):
-        """`micro.GradFn` of a micro-batch: loss, (logp, entropy); dropout key folded."""
-        def fn(params, batch, i):
-            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-            (loss, (_, logp, entropy)), grads = grad_fn(params, batch, rng)
-            return (loss, (logp, entropy)), grads
-        return fn
-
-    def accumulate(params, batch, dropout_rng, count):
-        like = trainable_params(params)  # LoRA: the adapters
-        if packed:
-            return micro.accumulate_packs(micro_grad(dropout_rng), params, batch, count,
-                                          like, 2, mesh, rules)
-        # Micro-batches slice rows: a prompt per row.
-        num_rows = batch["completion_tokens"].shape[0]
-        batch = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], num_rows),
-                 "prompt_valid": per_row_prompts(batch["prompt_valid"], num_rows)}
-        return micro.accumulate_rows(micro_grad(dropout_rng), params, batch, count, like,
-                                     mesh, rules)
+    def micro_grad(params, batch, rng):
+        """A micro-batch's loss, (logp, entropy) and gradients (`micro.GradFn`'s form)."""
+        (loss, (_, logp, entropy)), grads = grad_fn(params, batch, rng)
+        return (loss, (logp, entropy)), grads
 
     def update(state: TrainState, batch):
         dropout_rng = dropout_key(model.cfg.lora, dropout_seed, state.step)
-        count = micro.micro_batch_count(batch, packs_per_micro) if packed else k
-        if count == 1:
+        if split.count(batch) == 1:
             (loss, (metrics, _, _)), grads = grad_fn(state.params, batch, dropout_rng)
         else:
             batch = micro.with_normalizers(batch)
-            loss, (logp, entropy), grads = accumulate(state.params, batch, dropout_rng, count)
+            loss, (logp, entropy), grads = split.accumulate(
+                micro.folding(micro_grad, dropout_rng), state.params, batch,
+                trainable_params(state.params), 2)  # LoRA: the adapters' gradients
             # The whole batch's metrics, from the micro-batches' log-probs (no gradient).
             _, metrics = loss_terms(logp, entropy, batch)
         # A non-finite loss or gradient leaves weights and optimizer state untouched.

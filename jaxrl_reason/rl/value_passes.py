@@ -110,10 +110,8 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
     share_prompts: not None, the values come from the batch's packs instead of its prompt
     and completion tokens (`packed_values`; `rl.packing`); the loss is the same code.
     """
-    packed = share_prompts is not None
-    if packed and micro_batches > 1 and packs_per_micro is None:
-        raise ValueError(f"rl.micro_batches = {micro_batches} with rl.packing: give the "
-                         "critic's update the packs of a micro-batch (packs_per_micro)")
+    split = micro.MicroBatches(share_prompts is not None, micro_batches, packs_per_micro,
+                               mesh, tuple(rules))
     # a micro-batch's values come from its own packs: never micro-batched again inside
     values_of = _values(model, share_prompts, None, mesh, rules)
 
@@ -132,33 +130,21 @@ def make_value_update_fn(model, optimizer, *, clip_range: float | None,
             return loss, (metrics, jax.lax.stop_gradient(values))
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
-    def micro_grad(base):
-        def fn(params, batch, i):
-            del i
-            (loss, (_, values)), grads = grad_fn(params, batch, base)
-            return (loss, (values,)), grads
-        return fn
-
     def loss_and_grads(params, batch, base):
-        if not packed:
-            count = micro_batches
-        else:
-            count = micro.micro_batch_count(batch, packs_per_micro)
-        if count == 1:
-            (loss, (metrics, _)), grads = grad_fn(params, batch, base)
+        """(the whole batch's metrics, gradients), over `split`'s micro-batches."""
+        if split.count(batch) == 1:
+            (_, (metrics, _)), grads = grad_fn(params, batch, base)
             return metrics, grads
+
+        def micro_grad(p, b, i):  # a micro-batch's loss, (values,) and gradients
+            (loss, (_, values)), grads = grad_fn(p, b, base)
+            return (loss, (values,)), grads
+
         batch = micro.with_normalizers(batch, "mask")
-        if packed:
-            _, (values,), grads = micro.accumulate_packs(micro_grad(base), params, batch,
-                                                         count, params, 1, mesh, rules)
-        else:
-            rows = {k: v for k, v in batch.items()
-                    if k in (*ROW_KEYS, "old_values", "returns") or jnp.ndim(v) == 0}
-            n = batch["completion_tokens"].shape[0]
-            rows.update(prompt_tokens=per_row_prompts(batch["prompt_tokens"], n),
-                        prompt_valid=per_row_prompts(batch["prompt_valid"], n))
-            _, (values,), grads = micro.accumulate_rows(micro_grad(base), params, rows,
-                                                        count, params, mesh, rules)
+        if not split.packed:  # only the arrays the value pass and loss read are sliced
+            batch = {k: v for k, v in batch.items()
+                     if k in (*ROW_KEYS, "old_values", "returns") or jnp.ndim(v) == 0}
+        _, (values,), grads = split.accumulate(micro_grad, params, batch, params, 1)
         # The whole batch's metrics, from the micro-batches' values (no gradient).
         return loss_terms(values, batch)[1], grads
 

@@ -73,6 +73,22 @@ def test_micro_batched_critic_update_equals_one_micro_batch(packed):
         np.testing.assert_allclose(b, a, rtol=0, atol=grad_atol)
 
 
+def test_micro_batched_critic_update_without_normalizers_uses_the_whole_batchs():
+    """A batch without num_tokens / num_sequences: the micro-batched update divides by
+    the whole batch's tokens (`micro.with_normalizers`), as one micro-batch does."""
+    _, cfg, params = _setup()
+    model = Transformer(cfg)
+    padded, _, values0, _ = _batch(model, params)
+    batch = {k: v for k, v in padded.items() if k not in ("num_tokens", "num_sequences")}
+    m_one, g_one = _update(model, params, batch, None)
+    m_k, g_k = _update(model, params, batch, None, micro_batches=3)
+    atol = 4 * value_head_tolerance(cfg, params, tokens=T) * (1 + np.abs(values0).max())
+    np.testing.assert_allclose(m_k["value_loss"], m_one["value_loss"], rtol=1e-5, atol=atol)
+    grad_atol = decoder_grad_tolerance(cfg, g_one, tokens=T, rows=len(values0))
+    for a, b in zip(jax.tree.leaves(g_one), jax.tree.leaves(g_k)):
+        np.testing.assert_allclose(b, a, rtol=0, atol=grad_atol)
+
+
 def test_micro_batched_value_pass_equals_one_pass():
     mesh, cfg, params = _setup()
     model = Transformer(cfg)

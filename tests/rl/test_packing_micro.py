@@ -170,7 +170,7 @@ def test_a_pack_count_that_does_not_split_into_micro_batches_is_refused():
     per = packs["pack_tokens"].shape[0] + 1
     with pytest.raises(ValueError, match=f"do not split into micro-batches of {per} packs"):
         make_packed_logprob_fn(model, 0.7, True, mesh, shd.DEFAULT_RULES, per)(params, packs)
-    with pytest.raises(ValueError, match="give the update the packs of a micro-batch"):
+    with pytest.raises(ValueError, match="packs of a micro-batch"):
         make_update_fn(model, optax.sgd(1.0), _rl("grpo", 2), packed=True)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from trainer_support import run_steps
+from jaxrl_reason.rl import packing
 from numerics import decoder_tolerance
 
 FLAGS = ("--config.rl.beta=0.04", "--config.rl.num_iterations=2")
@@ -33,3 +34,12 @@ def test_packed_steps_match_padded_steps(make_trainer, flags):
             np.testing.assert_allclose(step_b[name], value, rtol=0, atol=atol * scale,
                                        err_msg=name)
     assert any(step["train_rows_frac"] > 0 and step["grad_norm"] > 0 for step in a)
+    if "--config.rl.micro_batches=2" in flags:
+        # The trainer sized its pack micro-batches (half the largest batch's packs, a
+        # multiple of the 8 devices). The smoke batches' short rows fill one of them, so
+        # the multi-micro-batch path itself is tested in tests/rl/test_packing_micro.py.
+        c = packed.rt.config
+        most = packing.max_packs(c.rl.batch_prompts * c.rl.num_generations,
+                                 max(c.task.prompt_buckets) + c.rl.max_new_tokens - 1, 64)
+        per = packed.packed.packer.packs_per_micro
+        assert per is not None and per == packing.packs_per_micro_batch(most, 8, 2)
