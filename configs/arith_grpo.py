@@ -55,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Logical axis -> mesh axes. Layers only name logical axes.
     c.sharding_rules = (
         ("batch", ("data", "fsdp")),        # examples over data and fsdp
-        ("embed", "fsdp"),                  # weights' model dim over fsdp (ZeRO-3 style)
+        ("embed", ("fsdp", "context")),     # weights' model dim over fsdp x context (ZeRO-3)
         ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("vocab", "tensor"),
         ("length", "context"),              # training activations' sequence over context
     )

@@ -102,13 +102,24 @@ def _mesh_problems(config, num_devices) -> tuple[list[str], int | None]:
     return [], math.prod(sizes[a] for a in batch_axes if a in sizes)
 
 
+def _resolved_context(config, num_devices: int) -> int:
+    """The context size of `config`'s mesh on `num_devices` devices (mesh.context = -1
+    resolved); 1 when the mesh does not resolve (`_mesh_problems` says why)."""
+    try:
+        sizes = dict(zip(MESH_AXES, resolve_mesh_shape(dict(config.mesh), num_devices)))
+    except (ValueError, TypeError):
+        return 1
+    return int(sizes.get("context", 1))
+
+
 def _split_problems(config, dp: int | None) -> list[str]:
     """The batches of `config` that do not split evenly over `dp` data-parallel shards."""
     problems: list[str] = []
     prompts, group = _get(config, "rl.batch_prompts"), _get(config, "rl.num_generations")
     micro = _get(config, "rl.micro_batches", 1)
+    packed = _get(config, "rl.packing", False) is True  # micro-batches of packs, not rows
     if dp and isinstance(micro, int) and micro >= 1 and isinstance(prompts, int) \
-            and isinstance(group, int) and (prompts * group) % (dp * micro):
+            and isinstance(group, int) and not packed and (prompts * group) % (dp * micro):
         problems.append(f"rl.micro_batches: {prompts} x {group} = {prompts * group} rows do not "
                         f"split into {micro} micro-batches x {dp} data-parallel shards")
     if dp and isinstance(prompts, int) and isinstance(group, int) and (prompts * group) % dp:
@@ -207,10 +218,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
         if not (isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1):
             problems.append(f"{key}: must be an int >= 1, got {micro!r}")
     problems += _split_problems(config, dp)
-    problems += _packing_problems(config)
-    problems += _sft_packing_problems(config)
-    problems += _context_problems(config, num_devices)
-    problems += _refill_problems(config, dp)
+    context = _resolved_context(config, num_devices)
+    problems += _packing_problems(config, context)
+    problems += _sft_packing_problems(config, context)
+    problems += _context_problems(config, num_devices, context, dp)
+    problems += _refill_problems(config, dp, context)
     problems += _partial_rollout_problems(config)
     bucket = _get(config, "rl.train_length_bucket")
     if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \
@@ -226,7 +238,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
 PACKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
-def _pack_knob_problems(config, section: str, budget_key: str) -> list[str] | None:
+def _pack_knob_problems(config, section: str, budget_key: str,
+                        context: int = 1) -> list[str] | None:
     """`<section>.packing` and `<section>.pack_tokens` (section "rl" or "sft"): the flag is
     a bool, the pack holds the longest row (largest task.prompt_buckets + `budget_key` - 1
     tokens) and, under context parallelism, divides by mesh.context. None when packing is
@@ -247,23 +260,22 @@ def _pack_knob_problems(config, section: str, budget_key: str) -> list[str] | No
         problems.append(f"{section}.pack_tokens: {tokens} cannot hold the longest row, "
                         f"{max(buckets) + budget - 1} tokens (largest task.prompt_buckets "
                         f"{max(buckets)} + {budget_key} {budget} - 1)")
-    context = _get(config, "mesh.context", 1)
-    if isinstance(context, int) and context > 1 and tokens % context:
+    if context > 1 and tokens % context:
         problems.append(f"{section}.pack_tokens: {tokens} does not divide by "
                         f"mesh.context={context} (each context shard holds pack_tokens / "
                         "context tokens)")
     return problems
 
 
-def _sft_packing_problems(config) -> list[str]:
+def _sft_packing_problems(config, context: int = 1) -> list[str]:
     """sft.packing (padding-free packs for the SFT step) and sft.pack_tokens."""
-    return _pack_knob_problems(config, "sft", "sft.max_completion_length") or []
+    return _pack_knob_problems(config, "sft", "sft.max_completion_length", context) or []
 
 
-def _packing_problems(config) -> list[str]:
+def _packing_problems(config, context: int = 1) -> list[str]:
     """rl.packing (padding-free packs for the log-prob passes and the update) and
     rl.pack_tokens, and what packing does not cover."""
-    problems = _pack_knob_problems(config, "rl", "rl.max_new_tokens")
+    problems = _pack_knob_problems(config, "rl", "rl.max_new_tokens", context)
     if problems is None:
         return []
     loss_type = _get(config, "rl.loss_type")
@@ -273,32 +285,43 @@ def _packing_problems(config) -> list[str]:
     return problems
 
 
-def _context_problems(config, num_devices: int) -> list[str]:
-    """mesh.context (context parallelism): it must divide the devices, the sharding rules
-    must map the activations' "length" onto it, and it splits the packed passes, so
-    rl.packing is on (`_pack_knob_problems` checks that pack_tokens divides by it)."""
+def _context_problems(config, num_devices: int, resolved: int, dp: int | None) -> list[str]:
+    """mesh.context (context parallelism; `resolved`: its size on the devices, -1 resolved):
+    it must divide the devices, the sharding rules must map the activations' "length" onto
+    it, it splits packed passes, so each phase that runs packs (rl.packing, and
+    sft.packing when SFT runs; `_pack_knob_problems` checks that pack_tokens divides by
+    it), and the sampler's rows split over data x context."""
     context = _get(config, "mesh.context", 1)
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
-        return [] if context == -1 else [
-            f"mesh.context: must be an int >= 1 (or -1), got {context!r}"]
-    if num_devices % context:
+        if context != -1:
+            return [f"mesh.context: must be an int >= 1 (or -1), got {context!r}"]
+    elif num_devices % context:
         return [f"mesh.context: {context} does not divide the {num_devices} devices"]
-    if context == 1:
+    if resolved == 1:
         return []
     rules = dict((name, axes) for name, axes in config.sharding_rules)
     target = rules.get("length")
     axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
     problems = []
     if "context" not in axes:
-        problems.append(f"sharding_rules: mesh.context={context} needs the rule "
+        problems.append(f"sharding_rules: mesh.context={resolved} needs the rule "
                         f"('length', 'context'), got length -> {target!r}")
     if not _get(config, "rl.packing", False):
-        problems.append(f"mesh.context: context parallelism ({context}) splits the packed "
+        problems.append(f"mesh.context: context parallelism ({resolved}) splits the packed "
                         "training passes; set rl.packing=True")
+    if not _get(config, "sft.packing", False):
+        problems.append(f"mesh.context: context parallelism ({resolved}) splits packed SFT "
+                        "steps too; set sft.packing=True")
+    prompts, group = _get(config, "rl.batch_prompts"), _get(config, "rl.num_generations")
+    if dp and isinstance(prompts, int) and isinstance(group, int) \
+            and (prompts * group) % (dp * resolved):
+        problems.append(f"rl.batch_prompts: {prompts} x {group} = {prompts * group} rows do not "
+                        f"split over {dp} data-parallel x {resolved} context shards (the "
+                        "sampler splits its rows over both)")
     return problems
 
 
-def _refill_problems(config, dp: int | None) -> list[str]:
+def _refill_problems(config, dp: int | None, context: int = 1) -> list[str]:
     """rl.max_num_seqs (slot-refill slots) and rl.refill_every."""
     slots, every = _get(config, "rl.max_num_seqs", 0), _get(config, "rl.refill_every", 8)
     if not (isinstance(slots, int) and slots >= 0):
@@ -310,8 +333,6 @@ def _refill_problems(config, dp: int | None) -> list[str]:
     if slots and rows is not None and slots > rows:
         problems.append(f"rl.max_num_seqs: {slots} slots is more than the {rows} rows of a "
                         f"rollout batch (rl.batch_prompts x rl.num_generations)")
-    context = _get(config, "mesh.context", 1)
-    context = context if isinstance(context, int) and context > 1 else 1
     if slots and dp and slots % (dp * context):
         where = "" if context == 1 else (f" x {context} context shards (the sampler splits "
                                          "its rows over both)")

@@ -17,6 +17,7 @@ from jaxrl_reason.kernels.logprobs import chunked_logprobs, token_logprobs
 from jaxrl_reason.models.lora import dropout_rngs
 from jaxrl_reason.models.params import constrain_cache, init_cache, pad_cache, repeat_cache
 from jaxrl_reason.models.transformer import Transformer
+from jaxrl_reason.runtime import sharding as shd
 
 
 def positions_from_valid(valid: jax.Array) -> jax.Array:
@@ -54,8 +55,9 @@ def _pallas_logprobs(hidden, unembedding, targets, *, temperature, softcap, with
     """The Pallas log-prob kernels (Mosaic on TPU, Triton on GPU, interpreted elsewhere).
 
     Pallas kernels are not partitioned automatically: with a mesh, each device runs them on
-    its rows under `shard_map` (hidden/targets split over `batch_axes`; the unembedding
-    gathered, as every row needs every column).
+    its rows under `shard_map` (hidden/targets split over `batch_axes`, and under context
+    parallelism their positions over the context axis as the activations are, so no chip
+    gathers the whole sequence; the unembedding gathered, as every row needs every column).
     hidden [N, L, D], unembedding [D, V], targets int32 [N, L] -> (logp, entropy) f32 [N, L].
     """
     interpret = not platform.compiles_kernels()
@@ -66,7 +68,9 @@ def _pallas_logprobs(hidden, unembedding, targets, *, temperature, softcap, with
 
     if mesh is None or not batch_axes:
         return call(hidden, unembedding, targets)
-    rows = jax.sharding.PartitionSpec(batch_axes)
+    rows = shd.active_spec(("batch", "length"), targets.shape)
+    if rows is None:  # outside an activation-sharding context: rows over the batch axes
+        rows = jax.sharding.PartitionSpec(batch_axes)
     return jax.shard_map(call, mesh=mesh, in_specs=(rows, jax.sharding.PartitionSpec(), rows),
                          out_specs=(rows, rows), check_vma=False)(hidden, unembedding, targets)
 

@@ -185,7 +185,9 @@ def train_student(config: ml_collections.ConfigDict, data_path: str, workdir: st
         sft["learning_rate"] = settings.student_learning_rate
     if settings.student_packing:  # packs that hold the student's longest row
         longest = max(config.task.prompt_buckets) + sft["max_completion_length"] - 1
-        sft.update(packing=True, pack_tokens=max(int(config.sft.pack_tokens), longest))
+        context = max(1, int(config.mesh.get("context", 1)))  # packs split over it
+        tokens = -(-max(int(config.sft.pack_tokens), longest) // context) * context
+        sft.update(packing=True, pack_tokens=tokens)
     init = teacher_params if from_teacher else None
     return distill_student(config, data_path, workdir, tokenizer=tokenizer, model=model,
                            sft=sft, init_params=init, writer=writer, resume=True, lora=lora,

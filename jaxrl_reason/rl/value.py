@@ -436,6 +436,3 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
         "explained_variance": _explained_variance(v_sg, ret, m),
     }
     return loss, metrics
-
-
-# ----------------------------------------------------------------------------- jitted steps

@@ -36,6 +36,9 @@ from jaxrl_reason.kernels import platform as kernel_platform
 from jaxrl_reason.models.params import abstract_params, param_shardings
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.runtime.reliability import tree_bytes
+from jaxrl_reason.runtime import plan_context
+from jaxrl_reason.runtime.plan_context import (  # noqa: F401 (re-exported)
+    TRAINING, context_lines, context_overrides, fits, memory_record, mesh_sizes, with_context)
 from jaxrl_reason.runtime.plan_sampler import (  # noqa: F401 (re-exported)
     kv_bytes_per_position, long_tail_plan, format_long_tail, model_params, refill_schedule,
     sampler_time, stage_width)
@@ -214,12 +217,13 @@ def plan(config: ml_collections.ConfigDict, topology: str,
         # programs (the sampler) are compiled on.
         training = tuple(p for p in programs if p in TRAINING) if choose_context else ()
         report = _plan(config, topology, training or programs)
-        context = {"chosen": _mesh_sizes(config, report["devices"]).get("context", 1),
+        context = {"chosen": mesh_sizes(config, report["devices"]).get("context", 1),
                    "axis": "context" in shd.MESH_AXES, "reason": "",
-                   "tried": [_memory_record(config, report)]}
+                   "tried": [memory_record(config, report)]}
         if training:
-            config, report, context = _choose_context(config, topology, report, training,
-                                                      context, tuple(context_sweep))
+            config, report, context = plan_context.choose_context(
+                config, report, training, context, tuple(context_sweep),
+                lambda c, names: _plan(c, topology, names))
             others = tuple(p for p in programs if p not in TRAINING)
             done = {p.name: p for p in report["programs"]}
             if others:
@@ -230,101 +234,6 @@ def plan(config: ml_collections.ConfigDict, topology: str,
             report = _with_unrolled_layer_cost(config, topology, report, programs)
         return {**report, "layer_cost": bool(layer_cost or not scanned), "context": context,
                 "long_tail": _long_tail(config, report, kv_budget_bytes)}
-
-
-TRAINING = ("log-prob pass", "update")  # the programs whose sequence the context axis shards
-
-
-def fits(report: dict[str, Any], names: tuple[str, ...] | None = None) -> bool:
-    """Whether every program of `report` (or those of `names`) fits the chip's HBM."""
-    return all(p.total_bytes <= report["chip"].hbm_bytes for p in report["programs"]
-               if names is None or p.name in names)
-
-
-def _mesh_sizes(config, n_dev: int) -> dict[str, int]:
-    """{axis: size} of the config's mesh on `n_dev` devices (MESH_AXES order)."""
-    return dict(zip(shd.MESH_AXES, shd.resolve_mesh_shape(dict(config.mesh), n_dev)))
-
-
-def with_context(config: ml_collections.ConfigDict, cp: int,
-                 n_dev: int) -> ml_collections.ConfigDict | None:
-    """`config` with its packs' sequence sharded over `cp` chips (`mesh.context = cp`), or
-    None when the mesh cannot give them or the config does not pack (context parallelism
-    splits packs: `rl.packing`, as config validation requires).
-
-    The chips come from `mesh.fsdp`, then `mesh.data` (the number of devices is fixed):
-    the data-parallel size shrinks by the factor the context grows and rl.micro_batches
-    grows by it, so a micro-batch holds the same packs per data-parallel shard as before,
-    each now split over the context chips (its activations per chip divided by that
-    factor); the weights stay sharded over as many chips (the "embed" rule's fsdp axis
-    becomes fsdp x context) and the "length" rule is ("length", "context").
-    """
-    if "context" not in shd.MESH_AXES or not config.rl.get("packing", False):
-        return None
-    sizes = _mesh_sizes(config, n_dev)
-    if cp % sizes["context"]:
-        return None
-    factor = cp // sizes["context"]
-    take_fsdp = math.gcd(sizes["fsdp"], factor)
-    take_data = factor // take_fsdp
-    if sizes["data"] % take_data:
-        return None
-    sizes.update(fsdp=sizes["fsdp"] // take_fsdp, data=sizes["data"] // take_data, context=cp)
-    out = ml_collections.ConfigDict(config.to_dict())
-    out.mesh = ml_collections.ConfigDict(sizes)
-    out.rl.micro_batches = int(config.rl.get("micro_batches", 1)) * factor
-    rules = [(name, tuple(a) if isinstance(a, (list, tuple)) else a)
-             for name, a in config.sharding_rules]
-    rules = [(name, ("fsdp", "context") if (name, axes) == ("embed", "fsdp") else axes)
-             for name, axes in rules if name != "length"]
-    out.sharding_rules = tuple(rules + [("length", "context")])
-    return out
-
-
-def _memory_record(config, report) -> dict[str, Any]:
-    """What the context search keeps of one compile: the mesh, micro-batches and, per
-    program, argument / temporary / total bytes per chip."""
-    return {"context": report["mesh"].get("context", 1), "mesh": dict(report["mesh"]),
-            "micro_batches": int(config.rl.get("micro_batches", 1)),
-            "fits": fits(report, TRAINING),
-            "programs": {p.name: {"argument_bytes": p.argument_bytes,
-                                  "temp_bytes": p.temp_bytes, "total_bytes": p.total_bytes}
-                         for p in report["programs"]}}
-
-
-def _choose_context(config, topology, report, training, context, sweep):
-    """(config, report, context) at the smallest context size whose `training` programs
-    fit, when they do not fit as configured (`report`: theirs at that size); `sweep` sizes
-    are compiled for the record too."""
-    n_dev = report["devices"]
-    if (fits(report) and not sweep) or not context["axis"]:
-        return config, report, context
-    best = None if not fits(report) else (config, report)
-    cp = context["chosen"]
-    while True:
-        cp *= 2
-        if best is not None and cp > max(sweep, default=0):
-            break
-        candidate = with_context(config, cp, n_dev) if cp <= n_dev else None
-        if candidate is None:
-            break
-        small = _plan(candidate, topology, training)
-        context["tried"].append(_memory_record(candidate, small))
-        if best is None and fits(small):
-            best = (candidate, small)
-    if best is None:
-        context["reason"] = (f"the training passes fit at no context size up to "
-                             f"{context['tried'][-1]['context']}")
-        return config, report, context
-    chosen, small = best
-    if chosen is config:
-        return config, report, context
-    cp = small["mesh"]["context"]
-    first = context["tried"][0]["programs"]
-    context.update(chosen=cp, reason="the training passes do not fit at context 1 (" + ", ".join(
-        f"{name} {first[name]['total_bytes'] / GiB:.1f} GiB" for name in training
-        if name in first) + f" per chip); context {cp} is the smallest size that fits")
-    return chosen, small, context
 
 
 def _long_tail(config, report, kv_budget_bytes):
@@ -531,9 +440,9 @@ def advice(report: dict[str, Any]) -> list[str]:
     chip, out = report["chip"], []
     context = report.get("context") or {}
     if context.get("reason"):
-        mesh = ", ".join(f"mesh.{k}={v}" for k, v in report["mesh"].items())
+        changes = " ".join(f"--config.{o}" for o in context.get("overrides", ()))
         out.append(f"context parallelism: {context['reason']}"
-                   + (f"; run with {mesh}" if context["chosen"] > 1 else ""))
+                   + (f"; run with {changes}" if context["chosen"] > 1 else ""))
     for prog in report["programs"]:
         if prog.total_bytes <= chip.hbm_bytes:
             continue
@@ -578,27 +487,9 @@ def format_report(report: dict[str, Any]) -> str:
                  "(optimizer state during sampling and scoring; the reference params when "
                  "rl.beta > 0), unless rl.offload_optimizer / rl.offload_reference keep them "
                  "in host memory")
-    lines += ["", *notes, *_context_lines(report), "",
+    lines += ["", *notes, *context_lines(report), "",
               "fits: yes" if fits(report) else "fits: NO"]
     lines += [f"- {a}" for a in advice(report)]
     if report.get("long_tail"):
         lines += ["", format_long_tail(report["long_tail"])]
     return "\n".join(lines)
-
-
-def _context_lines(report: dict[str, Any]) -> list[str]:
-    """The context sizes the plan compiled the training passes at, and their memory."""
-    tried = (report.get("context") or {}).get("tried", [])
-    if len(tried) < 2:
-        return []
-    names = [n for n in TRAINING if n in tried[0]["programs"]]
-    lines = ["", f"context parallelism (mesh.context): chose {report['context']['chosen']}; "
-                 "per chip, GiB, temporaries / total:", "",
-             "| context | mesh | micro-batches | " + " | ".join(names) + " | fits |",
-             "|---|---|---|" + "---|" * len(names) + "---|"]
-    for t in tried:
-        cells = " | ".join(f"{t['programs'][n]['temp_bytes'] / GiB:.2f} / "
-                           f"{t['programs'][n]['total_bytes'] / GiB:.2f}" for n in names)
-        lines.append(f"| {t['context']} | {t['mesh']} | {t['micro_batches']} | {cells} | "
-                     f"{'yes' if t['fits'] else 'NO'} |")
-    return lines

@@ -32,12 +32,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor", "context")
 CONTEXT_AXIS = "context"
 
-# Default logical-axis rules: batch over data+fsdp, weights' embed dim over fsdp (ZeRO-3
-# style), heads/mlp/vocab over tensor, the activations' sequence over context (a no-op at the
-# default context size 1). Anything not listed is replicated.
+# Default logical-axis rules: batch over data+fsdp, weights' embed dim over fsdp and context
+# (ZeRO-3 style: the context chips hold shards of the weights, not copies), heads/mlp/vocab
+# over tensor, the activations' sequence over context (a no-op at the default context size
+# 1). Anything not listed is replicated.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
-    ("embed", "fsdp"),
+    ("embed", ("fsdp", "context")),
     ("mlp", "tensor"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
@@ -313,20 +314,31 @@ def sampling_rules(rules: Iterable[tuple[str, Any]], mesh: Mesh | None) -> tuple
 
 @contextlib.contextmanager
 def unsharded_length():
-    """While tracing inside this context, the `length` logical axis is replicated by
-    `constrain` (the model's calls with a KV cache: prefill and decode stay as they are
-    under context parallelism). A no-op outside an `activation_sharding` context."""
+    """While tracing inside this context, `constrain` lays activations out by
+    `sampling_rules`: the `length` logical axis is whole and its mesh axes split the rows
+    instead (the model's calls with a KV cache: prefill, decode and cached scoring keep
+    whole sequences under context parallelism, and the context chips share the rows rather
+    than repeat them). A no-op outside an `activation_sharding` context."""
     ctx = _ACTIVATION_CONTEXT.get()
     if ctx is None:
         yield
         return
     mesh, rules = ctx
-    token = _ACTIVATION_CONTEXT.set(
-        (mesh, tuple((n, None if n == "length" else a) for n, a in rules)))
+    token = _ACTIVATION_CONTEXT.set((mesh, sampling_rules(rules, mesh)))
     try:
         yield
     finally:
         _ACTIVATION_CONTEXT.reset(token)
+
+
+def active_spec(logical: Sequence[str | None], shape: Sequence[int]) -> P | None:
+    """The PartitionSpec of an array of `shape` with these logical axes under the active
+    `activation_sharding` context (`logical_to_spec`), or None outside one."""
+    ctx = _ACTIVATION_CONTEXT.get()
+    if ctx is None:
+        return None
+    mesh, rules = ctx
+    return logical_to_spec(logical, rules, shape, mesh)
 
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:

@@ -124,5 +124,10 @@ def test_student_packing_turns_the_students_sft_packing_on(monkeypatch):
     # is 32 + 316 - 1 tokens, more than sft.pack_tokens (256)
     assert seen["packing"] is True and seen["pack_tokens"] == 347
     assert seen["max_completion_length"] == 316
+    config.mesh.context = 4  # packs split over 4 chips: a multiple of 4 that holds the row
+    distill.train_student(config, "unused.jsonl", "unused", tokenizer=None,
+                          teacher_params=None, teacher_model=get_preset("test"),
+                          settings=settings)
+    assert seen["pack_tokens"] == 348
     with pytest.raises(ValueError, match="distill.student_packing: must be True or False"):
         distill.settings_from(config, student_packing="yes")

@@ -72,8 +72,9 @@ def test_make_mesh_with_explicit_devices():
 
 
 def test_logical_to_spec_follows_rules_without_a_mesh():
-    assert shd.logical_to_spec(("vocab", "embed"), RULES) == P("tensor", "fsdp")
-    assert shd.logical_to_spec(("embed", "mlp"), RULES) == P("fsdp", "tensor")
+    fsdp_context = ("fsdp", "context")  # the weights' model dim: shards, not copies, on context
+    assert shd.logical_to_spec(("vocab", "embed"), RULES) == P("tensor", fsdp_context)
+    assert shd.logical_to_spec(("embed", "mlp"), RULES) == P(fsdp_context, "tensor")
     # Canonical specs: trailing replicated dimensions are left out (as jit returns them).
     assert shd.logical_to_spec((None, "head_dim", "unlisted"), RULES) == P()
     # A mesh axis is used at most once per array: batch takes data+fsdp, embed gets nothing.
