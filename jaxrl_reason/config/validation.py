@@ -21,7 +21,7 @@ from jaxrl_reason.models.config import ATTENTION_IMPLS
 from jaxrl_reason.rewards.pool import import_reward_modules, resolve_rewards
 from jaxrl_reason.rl.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_SCALES
 from jaxrl_reason.rl.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS_MODES
-from jaxrl_reason.runtime.sharding import MESH_AXES, resolve_mesh_shape
+from jaxrl_reason.runtime.sharding import MESH_AXES, resolve_mesh_shape, rule_axes
 from jaxrl_reason.tools import tool_config_problems
 
 # Algorithms whose baseline is the group: they need at least two samples per prompt.
@@ -96,9 +96,7 @@ def _mesh_problems(config, num_devices) -> tuple[list[str], int | None]:
         sizes = dict(zip(MESH_AXES, resolve_mesh_shape(dict(config.mesh), num_devices)))
     except ValueError as e:
         return [f"mesh: {e}"], None
-    rules = dict((name, axes) for name, axes in config.sharding_rules)
-    batch_axes = rules.get("batch") or ()
-    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    batch_axes = rule_axes(config.sharding_rules, "batch")
     return [], math.prod(sizes[a] for a in batch_axes if a in sizes)
 
 
@@ -299,11 +297,9 @@ def _context_problems(config, num_devices: int, resolved: int, dp: int | None) -
         return [f"mesh.context: {context} does not divide the {num_devices} devices"]
     if resolved == 1:
         return []
-    rules = dict((name, axes) for name, axes in config.sharding_rules)
-    target = rules.get("length")
-    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    target = dict(config.sharding_rules).get("length")
     problems = []
-    if "context" not in axes:
+    if "context" not in rule_axes(config.sharding_rules, "length"):
         problems.append(f"sharding_rules: mesh.context={resolved} needs the rule "
                         f"('length', 'context'), got length -> {target!r}")
     if not _get(config, "rl.packing", False):

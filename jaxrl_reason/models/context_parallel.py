@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_reason.models import attention as attn
-from jaxrl_reason.runtime.sharding import activation_context, logical_to_spec
+from jaxrl_reason.runtime.sharding import activation_context, logical_to_spec, rule_axes
 
 
 def context_shards(length: int):
@@ -35,9 +35,7 @@ def context_shards(length: int):
     if ctx is None:
         return None
     mesh, rules = ctx
-    target = dict(rules).get("length")
-    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    axes = tuple(a for a in axes if mesh.shape[a] > 1)
+    axes = tuple(a for a in rule_axes(rules, "length") if mesh.shape[a] > 1)
     shards = math.prod(mesh.shape[a] for a in axes)
     if shards == 1 or length % shards:
         return None

@@ -139,6 +139,13 @@ def _hybrid_device_array(sizes: Sequence[int], dcn_sizes: Sequence[int],
                                                 process_is_granule=by_process)
 
 
+def rule_axes(rules: Iterable[tuple[str, Any]], name: str | None) -> tuple[str, ...]:
+    """The mesh axes a logical axis maps to under `rules`, as a tuple: () for None, an
+    unlisted name, or a rule to None; (axis,) for one axis."""
+    target = dict(rules).get(name) if name is not None else None
+    return () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+
+
 def logical_to_spec(logical: Sequence[str | None], rules: Iterable[tuple[str, Any]],
                     shape: Sequence[int] | None = None,
                     mesh: Mesh | None = None) -> P:
@@ -150,13 +157,11 @@ def logical_to_spec(logical: Sequence[str | None], rules: Iterable[tuple[str, An
       shape, mesh: when both are given, a dimension whose size the mesh axes do not divide
         is replicated, and a mesh axis is used at most once per array.
     """
-    table = dict(rules)
+    rules = tuple(rules)
     used: set[str] = set()
     out = []
     for dim, name in enumerate(logical):
-        target = table.get(name) if name is not None else None
-        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-        axes = tuple(a for a in axes if a not in used)
+        axes = tuple(a for a in rule_axes(rules, name) if a not in used)
         if mesh is not None:
             axes = tuple(a for a in axes if mesh.shape[a] > 1)
         if shape is not None and mesh is not None and axes:
@@ -205,9 +210,7 @@ def batch_sharding(mesh: Mesh, rules: Iterable[tuple[str, Any]], ndim: int,
 
 def data_parallel_size(mesh: Mesh, rules: Iterable[tuple[str, Any]]) -> int:
     """Number of shards the `batch` logical axis is split into on `mesh`."""
-    target = dict(rules).get("batch")
-    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    return math.prod(mesh.shape[a] for a in axes)
+    return math.prod(mesh.shape[a] for a in rule_axes(rules, "batch"))
 
 
 def put_batch(mesh: Mesh, rules: Iterable[tuple[str, Any]], array: np.ndarray) -> jax.Array:
@@ -287,9 +290,7 @@ def activation_context() -> tuple[Mesh, tuple] | None:
 def context_parallel_size(mesh: Mesh, rules: Iterable[tuple[str, Any]]) -> int:
     """Number of shards the `length` logical axis (the training passes' sequence) is split
     into on `mesh` by `rules`: the product of its mesh axes' sizes (1 without a rule)."""
-    target = dict(rules).get("length")
-    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    return math.prod(mesh.shape[a] for a in axes)
+    return math.prod(mesh.shape[a] for a in rule_axes(rules, "length"))
 
 
 def sampling_rules(rules: Iterable[tuple[str, Any]], mesh: Mesh | None) -> tuple:
@@ -300,13 +301,10 @@ def sampling_rules(rules: Iterable[tuple[str, Any]], mesh: Mesh | None) -> tuple
     decodes its own and holds the KV cache of its own rows. `rules` unchanged when those
     axes have size 1 (or without a mesh)."""
     rules = tuple(rules)
-    table = dict(rules)
-    length = table.get("length")
-    length = () if length is None else ((length,) if isinstance(length, str) else tuple(length))
+    length = rule_axes(rules, "length")
     if mesh is None or math.prod(mesh.shape[a] for a in length if a in mesh.shape) == 1:
         return rules
-    batch = table.get("batch")
-    batch = () if batch is None else ((batch,) if isinstance(batch, str) else tuple(batch))
+    batch = rule_axes(rules, "batch")
     extra = tuple(a for a in length if a not in batch)
     return tuple((name, batch + extra if name == "batch" else None if name == "length"
                   else axes) for name, axes in rules)
