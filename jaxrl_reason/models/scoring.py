@@ -75,6 +75,21 @@ def _pallas_logprobs(hidden, unembedding, targets, *, temperature, softcap, with
                          out_specs=(rows, rows), check_vma=False)(hidden, unembedding, targets)
 
 
+def packed_hidden(module, params, packs, *, share_prompts: bool, dropout_rng=None):
+    """A decoder (`Transformer`, or a value model's trunk) on padding-free packs
+    (`rl/packing.py`): its final hidden states f32/bf16 [K, T, D] from the pack_* int32
+    [K, T] arrays (tokens, positions restarting per sequence, segment ids; with
+    `share_prompts` the prompt segment each token also attends to).
+    dropout_rng: the LoRA dropout key of a training pass, or None."""
+    segments = packs["pack_segments"]
+    hidden, _ = module.apply(
+        {"params": params}, packs["pack_tokens"], packs["pack_positions"], segments > 0,
+        return_hidden=True, segment_ids=segments,
+        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None,
+        rngs=dropout_rngs(dropout_rng, 0))
+    return hidden
+
+
 def completion_logprobs(model: Transformer, params, prompt_tokens, prompt_valid,
                         completion_tokens, completion_mask, *, temperature: float = 1.0,
                         with_entropy: bool = True, mesh=None, batch_axes=None,

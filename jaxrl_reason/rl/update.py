@@ -19,8 +19,9 @@ import numpy as np
 
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
-from jaxrl_reason.models.lora import dropout_key, dropout_rngs
-from jaxrl_reason.models.scoring import completion_logprobs, hidden_logprobs, per_row_prompts
+from jaxrl_reason.models.lora import dropout_key
+from jaxrl_reason.models.scoring import (completion_logprobs, hidden_logprobs, packed_hidden,
+                                         per_row_prompts)
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl import micro
 from jaxrl_reason.rl.batches import micro_sharding, from_micro, to_micro
@@ -71,12 +72,8 @@ def packed_slot_logprobs(model, params, packs, *, temperature: float, share_prom
     Returns: logp f32 [K, T] and entropy f32 [K, T] (all 0 unless with_entropy); slots
     that predict nothing scored hold values nobody reads.
     """
-    segments = packs["pack_segments"]
-    hidden, _ = model.apply(
-        {"params": params}, packs["pack_tokens"], packs["pack_positions"], segments > 0,
-        return_hidden=True, segment_ids=segments,
-        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None,
-        rngs=dropout_rngs(dropout_rng, 0))
+    hidden = packed_hidden(model, params, packs, share_prompts=share_prompts,
+                           dropout_rng=dropout_rng)
     return hidden_logprobs(model, params, hidden, packs["pack_targets"],
                            temperature=temperature, with_entropy=with_entropy, mesh=mesh,
                            batch_axes=batch_axes)

@@ -47,7 +47,7 @@ from jax.sharding import Mesh
 from jaxrl_reason.models import lora as lora_lib
 from jaxrl_reason.models.config import ModelConfig
 from jaxrl_reason.models.lora_params import init_adapters
-from jaxrl_reason.models.scoring import sequence_inputs
+from jaxrl_reason.models.scoring import packed_hidden, sequence_inputs
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.models.value_head import (ValueModel, abstract_value_params,
                                             trunk_config, value_param_shardings)
@@ -227,11 +227,8 @@ def packed_slot_values(model, value_params, packs, *, share_prompts: bool) -> Ar
     """The value of every slot of a batch's packs (`rl/packing.py`): the value trunk and
     head on pack_* int32 [K, T] (`pack_index` not read) -> float32 [K, T] (the slot
     predicting completion token t holds V(s_t)). share_prompts: as in `packed_values`."""
-    segments = packs["pack_segments"]
-    hidden, _ = Transformer(trunk_config(model.cfg)).apply(
-        {"params": value_params["trunk"]}, packs["pack_tokens"], packs["pack_positions"],
-        segments > 0, return_hidden=True, segment_ids=segments,
-        prompt_segment_ids=packs["pack_prompt_segments"] if share_prompts else None)
+    hidden = packed_hidden(Transformer(trunk_config(model.cfg)), value_params["trunk"], packs,
+                           share_prompts=share_prompts)
     head = nn.Dense(1, dtype=jnp.float32, param_dtype=jnp.dtype(model.cfg.param_dtype))
     return head.apply({"params": value_params["head"]}, hidden.astype(jnp.float32))[..., 0]
 
