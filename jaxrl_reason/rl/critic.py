@@ -68,15 +68,15 @@ class Critic:
 
     def __init__(self, rt, rl, init_params, sft_params=None,
                  policy_params: Callable[[], Any] | None = None,
-                 share_prompts: bool | None = None, packs_per_micro: int | None = None):
+                 packer=None):
         """rt: the `Runtime` (model, mesh, rules, `put`); rl: the config's `rl` section (its
         `value` subsection: init, learning_rate, clip_range, warmup_steps, weight_decay,
         max_grad_norm). policy_params: returns the policy's current params; required with
         `model.lora` (the critic's adapters read the policy's frozen base through it).
-        share_prompts: None for padded passes; with `rl.packing` the packer's prompt sharing,
-        and the value pass and update read packs (`advantages`' packs, the batch's),
-        `packs_per_micro` at a time (`Packer.packs_per_micro`); padded passes run
-        `rl.micro_batches` slices of rows."""
+        packer: None for padded passes (`rl.micro_batches` slices of rows); with
+        `rl.packing` the policy's `packing.Packer`: the value pass and update read packs
+        (`advantages`' packs, the batch's) with its prompt sharing, `packs_per_micro` at a
+        time."""
         v = rl.value
         if v.init not in VALUE_INITS:
             raise ValueError(f"rl.value.init must be one of {VALUE_INITS}, got {v.init!r}")
@@ -98,9 +98,10 @@ class Critic:
                                        from_params=source)
             self.state = create_train_state(params, self.optimizer)
         self.policy_params = policy_params
-        self.packed = share_prompts is not None
+        share_prompts = None if packer is None else packer.share_prompts
+        self.packed = packer is not None
         micro = {"micro_batches": int(rl.get("micro_batches", 1)),
-                 "packs_per_micro": packs_per_micro}
+                 "packs_per_micro": None if packer is None else packer.packs_per_micro}
         self.values_fn = make_value_fn(rt.model, rt.mesh, rt.rules, lora=self.lora,
                                        share_prompts=share_prompts, **micro)
         self.update_fn = make_value_update_fn(

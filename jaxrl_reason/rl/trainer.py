@@ -122,9 +122,7 @@ class RLTrainer:
         self.packed, self.logprob_fn = self.logprobs.packed, self.logprobs.padded_fn
         self.advantage_source = (Critic(rt, rl, init_params, ref_params,
                                         policy_params=lambda: self.state.params,
-                                        share_prompts=self.packed and self.packed.share_prompts,
-                                        packs_per_micro=self.packed and
-                                        self.packed.packer.packs_per_micro)
+                                        packer=self.packed and self.packed.packer)
                                  if rl.advantage_estimator == "gae"
                                  else GroupEstimator(rl, self.kernel_backend))
         per_token = self.advantage_source.per_token
