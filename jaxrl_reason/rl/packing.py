@@ -32,11 +32,12 @@ then its completions in increasing row order; segments are numbered 1, 2, ... in
 
 Any-fit bound: a pack is opened only for a row that fits in no open pack, so at most one
 pack is at most half full and K <= max(1, ceil(2 S / T)) for S tokens placed. `max_packs`
-bounds K over a run from its largest row (M). A run's pack counts come from a fine ladder
-(`pack_ladder`: M divided by 2**(1/4) again and again, rounded up to a multiple of the
-data-parallel size), and `PackBuckets` picks at most 4 of its rungs as the batches come,
-M always among the allowed ones: a run compiles at most 4 shapes, and a batch pays for a
-rung (about 19 %) of empty packs at most, not for the next power of two.
+bounds K over a run from its largest possible row: M packs at most. A run's pack counts
+come from a fine ladder (`pack_ladder`: M divided by 2**(1/4) again and again, rounded up
+to a multiple of the data-parallel size, or with micro-batches of a micro-batch's packs),
+and `PackBuckets` picks at most 4 of its rungs as the batches come, the top always among
+the allowed ones: a run compiles at most 4 shapes, and a batch pays for a rung (about 19 %)
+of empty packs at most, not for the next power of two.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ class PackBuckets:
       - else, while fewer than count - 1 rungs below the top are chosen, a new one is:
         r itself, or for the last free one the rung halfway (in rungs) between r and the
         top, so that batches growing later still find a rung below the top;
-      - else the smallest chosen rung >= K, or the top (M, always allowed).
+      - else the smallest chosen rung >= K, or the top (the ladder's largest, always
+        allowed).
     So at most `count` distinct sizes come out, each >= K and a multiple of `multiple`.
     """
 
