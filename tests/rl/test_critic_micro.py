@@ -8,12 +8,11 @@ import numpy as np
 import optax
 import pytest
 
-from test_packing_critic import GROUP, LENGTH, T, _rows, _setup
+from test_packing_critic import GROUP, LENGTH, T, _rows, _setup, critic_targets
 
 PACK = 16  # tokens per pack: the rows fill several
 from jaxrl_reason.models.transformer import Transformer
 from jaxrl_reason.rl import packing
-from jaxrl_reason.rl.value import completion_values
 from jaxrl_reason.rl.value_passes import make_value_fn, make_value_update_fn
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.runtime.train_state import create_train_state
@@ -23,13 +22,7 @@ from numerics import decoder_grad_tolerance, value_head_tolerance
 def _batch(model, params, seed=2):
     """(padded batch, packed batch with an even pack count, old values) of `_rows`."""
     prompt, valid, completion, lengths, mask = _rows(seed)
-    rng = np.random.default_rng(3)
-    values0 = np.asarray(completion_values(model, params, *(jnp.asarray(x) for x in (
-        prompt, valid, completion, mask))))
-    common = {"mask": mask, "num_tokens": np.float32(mask.sum()),
-              "num_sequences": np.float32(len(mask)),
-              "old_values": (values0 + rng.normal(0, 0.3, mask.shape) * mask).astype(np.float32),
-              "returns": (rng.normal(size=mask.shape) * mask).astype(np.float32)}
+    common, values0 = critic_targets(model, params, prompt, valid, completion, mask)
     packs = packing.pack(prompt[::GROUP], valid[::GROUP], completion, lengths, PACK,
                          lambda n: n + n % 2, share_prompts=True)
     assert packs.num_packs >= 3

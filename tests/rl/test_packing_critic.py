@@ -60,6 +60,20 @@ def _packs(prompt, valid, completion, lengths, share):
     return {name: jnp.asarray(x) for name, x in packs.arrays().items()}
 
 
+def critic_targets(model, params, prompt, valid, completion, mask):
+    """(the critic update's row arrays: mask, normalizers, old values (the current values
+    plus noise, so that clipping engages) and returns, f32 numpy; the current values
+    f32 [N, L]) for the rows of `_rows`."""
+    rng = np.random.default_rng(3)
+    values0 = np.asarray(completion_values(model, params, *(jnp.asarray(x) for x in (
+        prompt, valid, completion, mask))))
+    common = {"mask": mask, "num_tokens": np.float32(mask.sum()),
+              "num_sequences": np.float32(len(mask)),
+              "old_values": (values0 + rng.normal(0, 0.3, mask.shape) * mask).astype(np.float32),
+              "returns": (rng.normal(size=mask.shape) * mask).astype(np.float32)}
+    return common, values0
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_packed_values_equal_padded_values_and_gradients(share):
     mesh, cfg, params = _setup()
@@ -94,13 +108,7 @@ def test_packed_critic_update_equals_padded_update():
     mesh, cfg, params = _setup()
     model, sgd = Transformer(cfg), optax.sgd(1.0)
     prompt, valid, completion, lengths, mask = _rows(2)
-    rng = np.random.default_rng(3)
-    values0 = np.asarray(completion_values(model, params, *(jnp.asarray(x) for x in (
-        prompt, valid, completion, mask))))
-    common = {"mask": mask, "num_tokens": np.float32(mask.sum()),
-              "num_sequences": np.float32(len(mask)),
-              "old_values": (values0 + rng.normal(0, 0.3, mask.shape) * mask).astype(np.float32),
-              "returns": (rng.normal(size=mask.shape) * mask).astype(np.float32)}
+    common, values0 = critic_targets(model, params, prompt, valid, completion, mask)
     batches = {None: {**common, "prompt_tokens": prompt, "prompt_valid": valid,
                       "completion_tokens": completion},
                True: {**common, **_packs(prompt, valid, completion, lengths, True)}}
