@@ -20,6 +20,7 @@ batch's metrics once (`accumulate_rows`, `accumulate_packs`).
   accumulate_packs   the same over pack micro-batches
   MicroBatches       a pass's split (rows or packs): count, accumulate
   folding            a gradient pass with micro-batch i's dropout key
+  map_rows           a forward pass over row micro-batches: per-row outputs [M, ...]
   map_packs          a forward pass over pack micro-batches: per-slot outputs [K, T]
 """
 
@@ -209,6 +210,19 @@ def folding(fn: Callable, rng) -> GradFn:
     def grad_fn(params, batch, i):
         return fn(params, batch, None if rng is None else jax.random.fold_in(rng, i))
     return grad_fn
+
+
+def map_rows(row_fn: Callable, rows, k: int, mesh=None, rules=()):
+    """A forward pass over padded rows, k strided micro-batches at a time (`lax.map`):
+    row_fn(rows dict of [M/k, ...] arrays, a prompt per row) -> [M/k, ...] -> [M, ...].
+    `rows` holds prompt_tokens / prompt_valid ([P, Tp], repeated to a prompt per row) and
+    other per-row arrays [M, ...]."""
+    n = rows["completion_tokens"].shape[0]
+    rows = {**rows, "prompt_tokens": per_row_prompts(rows["prompt_tokens"], n),
+            "prompt_valid": per_row_prompts(rows["prompt_valid"], n)}
+    micro = {key: to_micro(x, k, micro_sharding(mesh, rules, x.ndim + 1))
+             for key, x in rows.items()}
+    return from_micro(jax.lax.map(row_fn, micro))
 
 
 def map_packs(slot_fn: Callable, packs, packs_per_micro: int | None, mesh=None, rules=()):

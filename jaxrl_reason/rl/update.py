@@ -20,11 +20,9 @@ import numpy as np
 from jaxrl_reason.runtime import sharding as shd
 from jaxrl_reason.kernels import platform
 from jaxrl_reason.models.lora import dropout_key
-from jaxrl_reason.models.scoring import (completion_logprobs, hidden_logprobs, packed_hidden,
-                                         per_row_prompts)
+from jaxrl_reason.models.scoring import completion_logprobs, hidden_logprobs, packed_hidden
 from jaxrl_reason.rl import backends as kernel_dispatch
 from jaxrl_reason.rl import micro
-from jaxrl_reason.rl.batches import micro_sharding, from_micro, to_micro
 from jaxrl_reason.runtime.train_state import (TrainState, apply_gradients_if_finite,
                                               trainable_params, value_and_grad)
 
@@ -45,12 +43,8 @@ def make_logprob_fn(model, temperature: float, micro_batches: int = 1, mesh=None
         rows = (prompt_tokens, prompt_valid, completion_tokens, mask)
         if micro_batches == 1:
             return one(params, *rows)
-        n = completion_tokens.shape[0]  # micro-batches slice rows: a prompt per row
-        rows = (per_row_prompts(prompt_tokens, n), per_row_prompts(prompt_valid, n),
-                completion_tokens, mask)
-        micro = [to_micro(x, micro_batches, micro_sharding(mesh, rules, x.ndim + 1))
-                 for x in rows]
-        return from_micro(jax.lax.map(lambda r: one(params, *r), micro))
+        named = dict(zip(("prompt_tokens", "prompt_valid", "completion_tokens", "mask"), rows))
+        return micro.map_rows(lambda r: one(params, **r), named, micro_batches, mesh, rules)
 
     return jax.jit(shd.with_activation_sharding(fn, mesh, rules),
                    compiler_options=platform.compiler_options("dense", mesh))

@@ -18,9 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_reason.kernels import platform
-from jaxrl_reason.models.scoring import per_row_prompts
 from jaxrl_reason.rl import micro
-from jaxrl_reason.rl.batches import from_micro, micro_sharding, to_micro
 from jaxrl_reason.rl.value import (completion_values, lora_value_params, packed_slot_values,
                                    value_loss)
 from jaxrl_reason.runtime import sharding as shd
@@ -40,15 +38,6 @@ def _values(model, share_prompts, packs_per_micro, mesh, rules):
             batch, packs_per_micro, mesh, rules)
         return micro.slots_to_rows(slots, batch["pack_index"])
     return values
-
-
-def _row_micro_batches(batch, k: int, mesh, rules):
-    """The padded rows of `batch` (a prompt per row) as [k, M/k, ...] strided micro-batches."""
-    n = batch["completion_tokens"].shape[0]
-    rows = {**batch, "prompt_tokens": per_row_prompts(batch["prompt_tokens"], n),
-            "prompt_valid": per_row_prompts(batch["prompt_valid"], n)}
-    return {key: to_micro(rows[key], k, micro_sharding(mesh, rules, rows[key].ndim + 1))
-            for key in ROW_KEYS}
 
 
 def make_value_fn(model, mesh=None, rules=(), lora: bool = False,
@@ -71,8 +60,8 @@ def make_value_fn(model, mesh=None, rules=(), lora: bool = False,
         batch = dict(zip(ROW_KEYS, args))
         if micro_batches == 1:
             return values(value_params, batch)
-        rows = _row_micro_batches(batch, micro_batches, mesh, rules)
-        return from_micro(jax.lax.map(lambda b: values(value_params, b), rows))
+        return micro.map_rows(lambda b: values(value_params, b), batch, micro_batches, mesh,
+                              rules)
 
     def lora_fn(critic_params, base, *args):
         return fn(lora_value_params(critic_params, base), *args)
