@@ -5,6 +5,9 @@ import sys
 # Shared helpers (cli_runs, numerics) import by name from every test directory.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# The closing line that counts the sandbox tests skipped (no bwrap) and says why.
+from sandbox_skips import pytest_terminal_summary  # noqa: E402,F401
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
