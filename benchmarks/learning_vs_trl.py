@@ -8,6 +8,8 @@ Subcommands (each runs in one virtualenv; the driver calls them in order):
 
   plan        ours   hyper-parameter table (ours -> TRL), reward weights, prompt files
   completions ours   real completions of the SFT checkpoint (the reward-agreement fixture)
+  timed       any    runs one training command (either side) with its thread settings and
+                     records its wall time, load average and a matmul probe around it
   trl         TRL    GRPOTrainer on the prompt file; checkpoints at fixed steps; step times
   export-rl   ours   our RL checkpoints at those steps as Hugging Face directories
   eval        ours   held-out pass@1 of Hugging Face directories (our evaluator, HF import)
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +36,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_PATH = os.path.join(ROOT, "configs", "arith_grpo.py")
 HELD_OUT_SET = 0  # index of the eval set reported: the held-out problems of the training levels
+LOAD_LIMIT_PER_CORE = 1.5  # the report refuses a run whose load average passed this per core
 
 
 # ------------------------------------------------------------------------------ rewards
@@ -273,6 +277,118 @@ def cmd_plan(a) -> None:
     print(f"[plan] {len(a.seeds)} prompt file(s) of {a.steps} steps in {a.workdir}")
 
 
+# ---------------------------------------------------------- threads, load and the clock
+
+
+def thread_count(env: Mapping[str, str] | None = None, cores: int | None = None) -> int:
+    """Threads per process, the anchors' convention (anchors/common.py `torch_threads`):
+    ANCHOR_THREADS, else one per core this process may run on (`cores`, default
+    len(os.sched_getaffinity(0)); `taskset -c 1` gives 1). ValueError on a bad setting."""
+    env = os.environ if env is None else env
+    value = env.get("ANCHOR_THREADS", "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"ANCHOR_THREADS must be a positive integer, got {value!r}")
+        return int(value)
+    return cores if cores is not None else len(os.sched_getaffinity(0))
+
+
+def child_env(side: str, threads: int, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one side's training process, `threads` threads per process.
+
+    Both: OMP_NUM_THREADS=threads. TRL: ANCHOR_THREADS=threads (the `trl` subcommand's
+    torch.set_num_threads). Ours: XLA:CPU's Eigen pool off
+    (`--xla_cpu_multi_thread_eigen=false`: each device's ops on one thread); the train
+    command's `cpu_devices` auto makes one device per pinned core, so that both sides run
+    one thread per pinned core."""
+    if side not in ("ours", "trl"):
+        raise ValueError(f"side must be 'ours' or 'trl', got {side!r}")
+    out = dict(env)
+    out["OMP_NUM_THREADS"] = str(threads)
+    if side == "trl":
+        out["ANCHOR_THREADS"] = str(threads)
+        return out
+    flags = out.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen" not in flags:
+        out["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+    return out
+
+
+def matmul_gflops(n: int = 512, reps: int = 20) -> float:
+    """Host-speed probe, the anchors' (numpy float32 matmul GFLOP/s, best of 3): a slow
+    probe next to a slow run says the machine, not the code, was slow."""
+    import numpy as np
+
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 * reps / best / 1e9
+
+
+def load_peak(record: Mapping[str, Any]) -> float:
+    """The highest 1-minute load average of a `timed` record: before, during, after."""
+    return max([record["load_before"][0], record["load_after"][0],
+                *(load for _, load in record.get("load_samples", []))])
+
+
+def load_violations(runs: Mapping[Any, Mapping[str, Mapping[str, Any]]],
+                    limit_per_core: float = LOAD_LIMIT_PER_CORE) -> list[str]:
+    """Messages for the training runs whose 1-minute load average passed `limit_per_core`
+    times their pinned cores at some point: `runs` is {seed: {side: `timed` record}}."""
+    bad = []
+    for seed, sides in runs.items():
+        for side, record in sides.items():
+            cores = len(record["cpu_affinity"])
+            peak = load_peak(record)
+            if peak > limit_per_core * cores:
+                bad.append(f"seed {seed} {side}: load average {peak:.2f} on {cores} pinned "
+                           f"core(s), limit {limit_per_core * cores:.2f}")
+    return bad
+
+
+def cmd_timed(a) -> None:
+    """Runs the command after `--` as one side's training run: `threads` threads per process
+    (child_env), and a record of its wall time, the 1-minute load average before, every
+    --sample_s seconds during and after it, and the matmul probe before and after, written
+    to --record only when the command succeeds (its exit status is passed on)."""
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        raise SystemExit("timed: no command after --")
+    threads = thread_count()
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the probe's BLAS, before numpy loads
+    env = child_env(a.side, threads, os.environ)
+    record: dict[str, Any] = {
+        "side": a.side, "seed": a.seed, "command": command, "threads": threads,
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "env": {k: env[k] for k in ("OMP_NUM_THREADS", "ANCHOR_THREADS", "XLA_FLAGS",
+                                    "JAX_NUM_CPU_DEVICES") if k in env},
+        "probe_gflops_before": matmul_gflops(), "load_before": list(os.getloadavg())}
+    samples, t0 = [], time.time()
+    proc = subprocess.Popen(command, env=env)
+    while True:
+        try:
+            code = proc.wait(timeout=a.sample_s)
+            break
+        except subprocess.TimeoutExpired:
+            samples.append([round(time.time() - t0, 1), os.getloadavg()[0]])
+    record["wall_s"] = time.time() - t0
+    record["load_samples"] = samples
+    record["load_after"] = list(os.getloadavg())
+    record["probe_gflops_after"] = matmul_gflops()
+    if code != 0:
+        raise SystemExit(code)
+    record["load_peak"] = load_peak(record)
+    with open(a.record, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"[timed] seed {a.seed} {a.side}: {record['wall_s']:.0f}s, {threads} thread(s) on "
+          f"cores {record['cpu_affinity']}, peak load {record['load_peak']:.2f}, probe "
+          f"{record['probe_gflops_before']:.1f} -> {record['probe_gflops_after']:.1f} GFLOP/s")
+
+
 # -------------------------------------------------------------------- TRL side (torch)
 
 
@@ -286,7 +402,7 @@ def cmd_trl(a) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads if a.threads is not None else thread_count())
     with open(os.path.join(a.workdir, "plan.json")) as f:
         plan = json.load(f)
     rows = read_jsonl(os.path.join(a.workdir, f"prompts_seed{a.seed}.jsonl"))
@@ -469,7 +585,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         ("--samples", {"type": int, "default": 8}), ("--batch", {"type": int, "default": 16}),
         ("--temperatures", {"type": float, "nargs": "+", "default": [1.0]}))
     add("trl", cmd_trl, ("--workdir", req), ("--model", req), ("--out", req),
-        ("--seed", {"type": int, **req}), ("--threads", {"type": int, "default": 2}))
+        ("--seed", {"type": int, **req}),
+        ("--threads", {"type": int, "default": None,
+                       "help": "torch threads (default: ANCHOR_THREADS, else one per core "
+                               "this process may run on)"}))
+    add("timed", cmd_timed, ("--side", {"choices": ["ours", "trl"], **req}),
+        ("--seed", {"type": int, **req}), ("--record", req),
+        ("--sample_s", {"type": float, "default": 30.0}),
+        ("command", {"nargs": argparse.REMAINDER}))
     add("export-rl", cmd_export_rl, ("--workdir", req), ("--out", req))
     add("eval", cmd_eval, ("--models", {"nargs": "+", **req}), ("--out", req),
         ("--eval_seeds", {"type": int, "nargs": "+", "default": None}),

@@ -4,9 +4,14 @@ evaluations and step times gathered into one JSON and one plot.
 Reads a finished workdir (benchmarks/learning_vs_trl.sh): plan.json, and per seed k
 seed<k>/eval.json (pass@1 of the SFT start and of both sides' checkpoints),
 seed<k>/ours/metrics.jsonl and eval.json (our step times, total RL time),
-seed<k>/trl/timing.json (TRL's step times and log history). Writes the JSON report
-(curves of pass@1 and wall time per step, mean and 95% t-interval over seeds) and a PNG of
-pass@1 against step and against wall time. Imports neither torch nor jax at the top.
+seed<k>/trl/timing.json (TRL's step times and log history), seed<k>/ours.timed.json and
+trl.timed.json (each training run's threads, pinned cores, load average and matmul probe
+before, during and after it: the `timed` subcommand). Writes the JSON report (curves of
+pass@1 and wall time per step, mean, 95% t-interval and per-seed values over seeds; each
+run's record) and a PNG of pass@1 against step and against wall time. Refuses to write
+either (SystemExit, status 1) when a training run's load average passed
+LOAD_LIMIT_PER_CORE per pinned core, unless it is a pipeline check, whose JSON records the
+breach instead. Imports neither torch nor jax at the top.
 """
 from __future__ import annotations
 
@@ -16,17 +21,19 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from learning_vs_trl import read_jsonl
+from learning_vs_trl import LOAD_LIMIT_PER_CORE, load_violations, read_jsonl
 
 
 def interval(values: Sequence[float]) -> dict[str, Any]:
-    """{mean, low, high, n} of the 95% t-interval over seeds (low/high None for one seed)."""
+    """{mean, low, high, n, values} of the 95% t-interval over seeds (low/high None for one
+    seed; values: the seeds' own, in seed order)."""
     from jaxrl_reason.evaluation.stats import mean_ci
 
     mean, half = mean_ci(values)
     ok = math.isfinite(half)
     return {"mean": mean, "low": mean - half if ok else None,
-            "high": mean + half if ok else None, "n": len(values)}
+            "high": mean + half if ok else None, "n": len(values),
+            "values": [float(v) for v in values]}
 
 
 def ours_step_times(metrics_path: str) -> dict[int, float]:
@@ -61,15 +68,47 @@ def side_curve(per_seed: Mapping[int, Mapping[int, tuple[float, float]]]) -> dic
             "wall_s": [interval([d[s][1] for d in per_seed.values()]) for s in steps]}
 
 
+def read_timed(seed_dir: str) -> dict[str, dict[str, Any]]:
+    """{side: record} of a seed's two training runs (`timed` subcommand); ValueError naming
+    the file when one is missing (a workdir from before the records, or a run that failed)."""
+    runs = {}
+    for side in ("ours", "trl"):
+        path = os.path.join(seed_dir, f"{side}.timed.json")
+        if not os.path.exists(path):
+            raise ValueError(f"{path}: no record of the {side} training run (threads, load "
+                             "average, probe); re-take it with benchmarks/learning_vs_trl.sh")
+        with open(path) as f:
+            runs[side] = json.load(f)
+    return runs
+
+
+def load_check(runs: Mapping[Any, Mapping[str, Mapping[str, Any]]], pipeline_check: bool,
+               out: str) -> dict[str, Any]:
+    """The report's `load_check` entry; SystemExit (status 1, naming the runs) when a
+    training run's load average passed LOAD_LIMIT_PER_CORE per pinned core, unless this is a
+    pipeline check (its JSON then records the breach: `enforced` false)."""
+    bad = load_violations(runs)
+    if bad and not pipeline_check:
+        raise SystemExit(
+            f"learning_vs_trl report: refusing to write {out}: the load average passed "
+            f"{LOAD_LIMIT_PER_CORE} per pinned core during " + "; ".join(bad) + ". Wall times "
+            "taken on a loaded machine say nothing about speed: re-take those runs on a quiet "
+            "machine (delete seed<k>/<side>.done and rerun with RESUME=1).")
+    return {"limit_per_core": LOAD_LIMIT_PER_CORE, "violations": bad,
+            "enforced": not pipeline_check}
+
+
 def cmd_report(a) -> None:
     """Gathers every seed's evals and timings into --out (JSON) and --plot (PNG)."""
     with open(os.path.join(a.workdir, "plan.json")) as f:
         plan = json.load(f)
     sides: dict[str, dict[int, dict[int, tuple[float, float]]]] = {"ours": {}, "trl": {}}
     totals: dict[str, list[float]] = {"ours": [], "trl": []}
-    loads, trl_versions, batch_correct = [], None, {}
+    runs: dict[int, dict[str, dict[str, Any]]] = {}
+    trl_versions, batch_correct = None, {}
     for seed in plan["seeds"]:
         d = os.path.join(a.workdir, f"seed{seed}")
+        runs[seed] = read_timed(d)
         with open(os.path.join(d, "eval.json")) as f:
             ev = json.load(f)["results"]
         p1 = {label: next(iter(r["sets"].values()))["mean"] for label, r in ev.items()}
@@ -80,7 +119,9 @@ def cmd_report(a) -> None:
         with open(os.path.join(d, "ours", "eval.json")) as f:
             totals["ours"].append(json.load(f)["timings"]["rl_s"])
         totals["trl"].append(trl["train_s"])
-        loads.append(trl["load_average"])
+        runs[seed]["ours"]["train_s"] = totals["ours"][-1]
+        runs[seed]["trl"]["train_s"] = trl["train_s"]
+        runs[seed]["trl"]["torch_threads"] = trl["torch_threads"]
         batch_correct[seed] = {
             "ours": [r["reward/correctness"] for r in read_jsonl(
                 os.path.join(d, "ours", "metrics.jsonl")) if r.get("phase") == "rl"],
@@ -93,6 +134,7 @@ def cmd_report(a) -> None:
                 if label.startswith(side + "_step_"):
                     step = int(label.rsplit("_", 1)[1])
                     sides[side][seed][step] = (value, times[step])
+    checked = load_check(runs, a.pipeline_check, a.out)
     curves = {side: side_curve(v) for side, v in sides.items()}
     final = {side: c["pass1"][-1] for side, c in curves.items()}
     ours_c = curves["ours"]
@@ -113,7 +155,14 @@ def cmd_report(a) -> None:
            "hyperparameters": plan["table"],
            "overrides": plan["overrides"], "reward_weights": plan["reward_weights"],
            "versions": {"ours": plan["versions_ours"], "trl": trl_versions},
-           "load_average": {"plan": plan["load_average"], "after_trl_runs": loads}}
+           "runs": {"note": "per seed and side, the training run: train_s (ours: rl_s of its "
+                             "eval.json; TRL: trainer.train), wall_s (the whole process), "
+                             "threads per process and pinned cores, the 1-minute load average "
+                             "before / every sample_s during / after it (load_peak the "
+                             "highest), numpy matmul GFLOP/s before and after",
+                    "by_seed": {str(seed): r for seed, r in runs.items()}},
+           "load_check": checked,
+           "load_average": {"plan": plan["load_average"]}}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=2)
     plot(out, a.plot)

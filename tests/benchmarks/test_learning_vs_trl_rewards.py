@@ -124,8 +124,14 @@ def test_report_subcommand_gathers_seeds_into_the_json_and_the_plot(tmp_path):
         _write(d / "ours" / "eval.json", {"timings": {"rl_s": 40.0 + seed}})
         _write(d / "trl" / "timing.json", {
             "train_s": 80.0, "step_end_s": {str(k): 20.0 * k for k in range(5)},
-            "load_average": [1.0], "versions": {"trl": "x"},
+            "load_average": [1.0], "versions": {"trl": "x"}, "torch_threads": 1,
             "log_history": [{"rewards/correctness/mean": 0.25}, {"loss": 0.0}]})
+        for side in ("ours", "trl"):
+            _write(d / f"{side}.timed.json", {
+                "side": side, "seed": seed, "threads": 1, "cpu_affinity": [1],
+                "wall_s": 90.0, "load_before": [0.5, 0.4, 0.3], "load_after": [1.1, 0.9, 0.5],
+                "load_samples": [[30.0, 1.0]], "probe_gflops_before": 30.0,
+                "probe_gflops_after": 29.0})
     out, png = tmp_path / "report.json", tmp_path / "report.png"
     lvt.main(["report", "--workdir", str(tmp_path), "--out", str(out), "--plot", str(png),
               "--label", "test"])
@@ -139,6 +145,21 @@ def test_report_subcommand_gathers_seeds_into_the_json_and_the_plot(tmp_path):
     assert report["trl_final_pass1"]["mean"] == pytest.approx(0.5)
     assert report["ours_s_to_trl_final"] == pytest.approx(20.0 + 20.0 / 3)
     assert report["ours_total_s"]["mean"] == pytest.approx(40.5)
+    assert report["ours_total_s"]["values"] == [40.0, 41.0]
+    assert report["trl_total_s"]["values"] == [80.0, 80.0]
     assert report["train_batch_correctness"]["by_seed"]["0"] == {
         "ours": pytest.approx([0.1, 0.2, 0.3, 0.4]), "trl": [0.25]}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run = report["runs"]["by_seed"]["1"]
+    assert run["ours"]["train_s"] == 41.0 and run["trl"]["train_s"] == 80.0
+    assert run["trl"]["torch_threads"] == 1 and run["trl"]["load_after"] == [1.1, 0.9, 0.5]
+    assert run["ours"]["probe_gflops_before"] == 30.0
+    assert report["load_check"] == {"limit_per_core": 1.5, "violations": [], "enforced": True}
+    # A run on a loaded machine: the report refuses to write anything.
+    timed = tmp_path / "seed1" / "trl.timed.json"
+    _write(timed, {**json.loads(timed.read_text()), "load_samples": [[30.0, 2.5]]})
+    out2, png2 = tmp_path / "loaded.json", tmp_path / "loaded.png"
+    with pytest.raises(SystemExit, match="refusing to write .*seed 1 trl: load average 2.50"):
+        lvt.main(["report", "--workdir", str(tmp_path), "--out", str(out2), "--plot",
+                  str(png2), "--label", "test"])
+    assert not out2.exists() and not png2.exists()
