@@ -333,3 +333,125 @@ def test_quoted_imports_resolve():
         "<wrong module>: jaxrl_reason.no_such_module: ModuleNotFoundError: No module named "
         "'jaxrl_reason.no_such_module'"], failures
     assert not failures[:-2], "imports that fail:\n" + "\n".join(failures[:-2])
+
+
+LVT_DOC = ROOT / "docs" / "learning_vs_trl.md"
+LVT_JSON = ROOT / "docs" / "learning_vs_trl.json"
+
+
+def _lvt_figures(data: dict) -> dict[str, set[str]]:
+    """The figures docs/learning_vs_trl.json gives, as the docs print them: "decimals"
+    (pass@1 and batch correctness to 3 places, load averages to 2, the gain over the SFT
+    start in points to 1) and "seconds" (wall times, whole seconds)."""
+    curves = data["curves"]
+    pass1 = [p for side in curves.values() for p in side["pass1"]]
+    pass1 += [data["ours_final_pass1"], data["trl_final_pass1"]]
+    decimals = {f"{p[k]:.3f}" for p in pass1 for k in ("mean", "low", "high")}
+    for side in ("ours", "trl"):
+        values = [v for seed in data["train_batch_correctness"]["by_seed"].values()
+                  for v in seed[side]]
+        decimals.add(f"{sum(values) / len(values):.3f}")
+    loads = data["load_average"]
+    decimals |= {f"{x:.2f}" for x in [*loads["plan"], *sum(loads["after_trl_runs"], [])]}
+    sft = curves["ours"]["pass1"][0]["mean"]
+    final = data["ours_final_pass1"]
+    decimals |= {f"{100 * (final[k] - sft):.1f}" for k in ("mean", "low", "high")}
+    walls = [w for side in curves.values() for w in side["wall_s"]]
+    walls += [data["ours_total_s"], data["trl_total_s"]]
+    seconds = {f"{w[k]:.0f}" for w in walls for k in ("mean", "low", "high")}
+    seconds.add(f"{data['ours_s_to_trl_final']:.0f}")
+    return {"decimals": decimals, "seconds": seconds}
+
+
+def _lvt_limit() -> str:
+    spec = importlib.util.spec_from_file_location("lvt_for_docs",
+                                                  ROOT / "benchmarks" / "learning_vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return f"{module.LOAD_LIMIT_PER_CORE}"
+
+
+def test_learning_vs_trl_comparison_figures_are_its_json():
+    """Every figure of docs/learning_vs_trl.md's comparison (code blocks aside) comes from
+    docs/learning_vs_trl.json: its table is the one the JSON gives, every decimal number is
+    one of the JSON's figures (or the load limit of the script, or the README table's own
+    figure, checked against the README), every "N s" one of its wall times, and the TRL
+    virtualenv's versions are those it records."""
+    data = json.loads(LVT_JSON.read_text())
+    text = LVT_DOC.read_text()
+    section = text[text.index("## The comparison"):]
+    prose = " ".join(re.sub(r"```.*?```", "", section, flags=re.S).split())
+    curves = data["curves"]
+
+    def p1(p, bold=False):
+        if p["low"] is None or p["high"] - p["low"] < 5e-4:
+            return f"{p['mean']:.3f}"
+        cell = f"{p['mean']:.3f} ({p['low']:.3f}-{p['high']:.3f})"
+        return f"**{cell}**" if bold else cell
+
+    def wall(w, last):
+        return f"{w['mean']:.0f} ({w['low']:.0f}-{w['high']:.0f})" if last else \
+            f"{w['mean']:.0f}"
+
+    assert curves["ours"]["steps"] == curves["trl"]["steps"] == [0, 50, 100, 150, 200]
+    rows = ["| ours | " + " | ".join(p1(p, i == 4) for i, p in
+                                      enumerate(curves["ours"]["pass1"])) + " |",
+            "| TRL `GRPOTrainer` | " + " | ".join(p1(p, i == 4) for i, p in
+                                                   enumerate(curves["trl"]["pass1"])) + " |",
+            "| ours, wall time under load (s) | " + " | ".join(
+                wall(w, i == 4) for i, w in enumerate(curves["ours"]["wall_s"])) + " |",
+            "| TRL, wall time under load (s) | " + " | ".join(
+                wall(w, i == 4) for i, w in enumerate(curves["trl"]["wall_s"])) + " |"]
+    missing = [row for row in rows if row not in section]
+    assert not missing, f"docs/learning_vs_trl.md: table rows not as the JSON gives: {missing}"
+
+    for name, version in data["versions"]["trl"].items():
+        if name in ("torch", "transformers", "trl", "accelerate", "datasets", "math-verify"):
+            assert f"{name} {version}" in prose, f"{name} {version}"
+            prose = prose.replace(f"{name} {version}", name)
+    readme_figure = re.search(r"\((\d+\.\d) ± (\d+\.\d) on its own evaluation set\)", prose)
+    assert readme_figure, "the README table's figure is not quoted as expected"
+    assert f"| {readme_figure.group(1)} ± {readme_figure.group(2)} |" in README.read_text()
+
+    figures = _lvt_figures(data)
+    allowed = figures["decimals"] | {_lvt_limit(), *readme_figure.groups()}
+    stray = sorted(set(re.findall(r"\d+\.\d+", prose)) - allowed)
+    assert not stray, f"docs/learning_vs_trl.md quotes figures not in its JSON: {stray}"
+    stray_s = sorted(set(re.findall(r"\b(\d+) s\b", prose)) - figures["seconds"])
+    assert not stray_s, f"docs/learning_vs_trl.md quotes times not in its JSON: {stray_s}"
+    for total in ("ours_total_s", "trl_total_s"):
+        t = data[total]
+        assert f"{t['mean']:.0f} s ({t['low']:.0f}-{t['high']:.0f})" in prose, total
+    # "The intervals overlap at every checkpoint".
+    assert "overlap at every checkpoint" in prose
+    for ours, trl in zip(curves["ours"]["pass1"][1:], curves["trl"]["pass1"][1:]):
+        assert ours["low"] <= trl["high"] and trl["low"] <= ours["high"], (ours, trl)
+    # What the JSON cannot back is gone: per-seed figures, the thread claims, an idle core.
+    for claim in ("default of 2", "check at 1 thread", "ran nothing else", "OMP_NUM_THREADS"):
+        assert claim not in section, claim
+
+
+def test_readme_trl_paragraph_is_learning_vs_trl_json():
+    """The README's TRL paragraph: seeds, steps, final pass@1 with intervals, the two wall
+    times, and the load averages' range, all from docs/learning_vs_trl.json."""
+    data = json.loads(LVT_JSON.read_text())
+    text = README.read_text()
+    start = text.index("Against TRL's `GRPOTrainer` on the same recipe")
+    para = " ".join(text[start:text.index("\n\n", start)].split())
+    final = [data["ours_final_pass1"], data["trl_final_pass1"]]
+    loads = [*data["load_average"]["plan"], *sum(data["load_average"]["after_trl_runs"], [])]
+    expected = {
+        "seeds x steps": f"{len(data['seeds'])} training seeds × {data['steps']} steps",
+        "pass@1": "held-out pass@1 at step {} is {} here and {} in TRL".format(
+            data["steps"], *(f"{p['mean']:.3f} ({p['low']:.3f}-{p['high']:.3f})"
+                             for p in final)),
+        "wall times": f"{data['ours_total_s']['mean']:.0f} s here and "
+                      f"{data['trl_total_s']['mean']:.0f} s in TRL",
+        "load": f"load averages {min(loads):.2f} to {max(loads):.2f}",
+        "threads": "TRL at 2 torch threads",
+    }
+    missing = {what: s for what, s in expected.items() if s not in para}
+    assert not missing, f"README's TRL paragraph lacks, as its JSON gives them: {missing}"
+    allowed = _lvt_figures(data)["decimals"]
+    stray = sorted(set(re.findall(r"\d+\.\d+", para)) - allowed)
+    assert not stray, f"README's TRL paragraph quotes figures not in the JSON: {stray}"
