@@ -455,3 +455,22 @@ def test_readme_trl_paragraph_is_learning_vs_trl_json():
     allowed = _lvt_figures(data)["decimals"]
     stray = sorted(set(re.findall(r"\d+\.\d+", para)) - allowed)
     assert not stray, f"README's TRL paragraph quotes figures not in the JSON: {stray}"
+
+
+def test_packing_speed_figures_are_its_json():
+    """docs/packing.md's Speed section quotes only docs/packing_speed.json, the file its
+    command wrote: every decimal figure (times, load averages, ratios) is one of the JSON's
+    (the 2.5x target aside)."""
+    data = json.loads((ROOT / "docs" / "packing_speed.json").read_text())
+    result = data["result"]
+    pk = result["packing"]
+    values = [*result["loadavg_start"], *result["loadavg_end"], pk["padded_s"], pk["packed_s"],
+              *pk["padded_s_per_step"], *pk["packed_s_per_step"], pk["speedup"]]
+    allowed = {f"{v:.2f}" for v in values} | {f"{v:g}" for v in values} | {"2.5"}
+    allowed.add(f"{pk['padded_flops_per_useful_token'] / pk['packed_flops_per_useful_token']:.1f}")
+    text = (ROOT / "docs" / "packing.md").read_text()
+    section = text[text.index("## Speed"):text.index("## Measured equality")]
+    assert "([packing_speed.json](packing_speed.json))" in section
+    stray = sorted(set(re.findall(r"\d+\.\d+", section)) - allowed)
+    assert not stray, f"docs/packing.md's Speed section quotes figures not in its JSON: {stray}"
+    assert f"`pack_buckets` {pk['pack_buckets']}" in section.replace("\n", " ")
