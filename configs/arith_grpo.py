@@ -97,6 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.top_k = 0                          # rollout top-k (0 = off)
     c.rl.max_num_seqs = 0                   # > 0: slot refill, rows decoded in this many slots
     c.rl.refill_every = 8                   # slot refill: decode steps between refills
+    c.rl.refill_min_slots = 4               # slot refill: fewest slots the tail shrinks to (0: never)
     c.rl.rollout_token_budget = 0           # > 0: partial rollouts, decode steps per row per step
     c.rl.max_rollout_age = 4                # partial rollouts: steps a pending row may wait
     c.rl.learning_rate = 5e-5               # AdamW learning rate (constant after warm-up)
@@ -161,7 +162,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     })
     c.rewards.modules = ()                  # modules / .py files registering user rewards
     c.rewards.num_workers = 2               # host threads scoring completions
-    c.rewards.timeout_s = 5.0               # per-call verifier timeout
+    # Limits charged to each answer, not to the batch: a reward call may use timeout_s
+    # seconds of its own CPU time ("<name>/timeout", a legitimate 0); one still running
+    # backstop_factor * timeout_s seconds of wall time is abandoned as unscored (logged as
+    # rewards/unscored in RL; retried, then counted, in evaluation).
+    c.rewards.timeout_s = 5.0
+    c.rewards.backstop_factor = 10.0
     # A trained reward model (`jaxrl-reason reward-model` workdir) as one more component,
     # "reward/reward_model", scored on the device on the run's mesh; "" = none.
     c.rewards.reward_model_dir = ""
@@ -185,6 +191,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.best_of_verifier = "format_strict"
     c.eval.answer_equivalence = True
     c.eval.plot = False
+    # An answer left without a verdict (a CPU timeout, or unscored at the wall-clock
+    # backstop) is scored again with limits this many times longer; the evaluation fails
+    # when more than this share of its answers stays unscored (0: any).
+    c.eval.retry_limit_factor = 4.0
+    c.eval.max_unscored_share = 0.0
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 2 if smoke else 25  # save period (steps) in each phase

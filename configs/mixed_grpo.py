@@ -57,7 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rewards.weights = ml_collections.ConfigDict({"domain_verifier": 1.0,
                                                    "format_strict": 0.1})
     c.rewards.num_workers = 2               # the code sandbox runs ~50 ms per completion
-    c.rewards.timeout_s = 30.0              # a batch of code rows runs one sandbox each
+    c.rewards.timeout_s = 30.0              # CPU seconds of one call (a code row's sandbox)
 
     c.eval.num_problems = 16 if smoke else 100  # held-out problems per domain
     c.eval.max_new_tokens = 32 if smoke else 288

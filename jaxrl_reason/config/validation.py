@@ -176,6 +176,13 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     _in_range(problems, config, "rl.top_p", 0.0, 1.0, low_open=True)
     _in_range(problems, config, "eval.top_p", 0.0, 1.0, low_open=True)
     _in_range(problems, config, "rewards.timeout_s", 0.0, 3600.0, low_open=True)
+    # optional (older configs lack them): the reward pool's wall-clock backstop, and what
+    # an evaluation does with answers left unscored
+    for key, low, high, low_open in (("rewards.backstop_factor", 1.0, 1000.0, False),
+                                     ("eval.retry_limit_factor", 1.0, 1000.0, False),
+                                     ("eval.max_unscored_share", 0.0, 1.0, False)):
+        if _get(config, key) is not None:
+            _in_range(problems, config, key, low, high, low_open=low_open)
     _one_of(problems, config, "rl.loss_type", LOSS_AGGREGATIONS)
     _one_of(problems, config, "rl.lr_decay", ("constant", "cosine"))
     _one_of(problems, config, "rl.kl_estimator", KL_ESTIMATORS)
@@ -324,6 +331,10 @@ def _refill_problems(config, dp: int | None, context: int = 1) -> list[str]:
         return [f"rl.max_num_seqs: must be an int >= 0 (0 = static batch), got {slots!r}"]
     problems = [] if isinstance(every, int) and every >= 1 else [
         f"rl.refill_every: must be an int >= 1 (decode steps between refills), got {every!r}"]
+    least = _get(config, "rl.refill_min_slots", 4)
+    if not (isinstance(least, int) and not isinstance(least, bool) and least >= 0):
+        problems.append(f"rl.refill_min_slots: must be an int >= 0 (fewest slots the tail "
+                        f"shrinks to; 0 = never shrink), got {least!r}")
     prompts, group = _get(config, "rl.batch_prompts"), _get(config, "rl.num_generations")
     rows = prompts * group if isinstance(prompts, int) and isinstance(group, int) else None
     if slots and rows is not None and slots > rows:

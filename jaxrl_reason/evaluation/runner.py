@@ -12,6 +12,14 @@ Test-time compute (config.eval, each read with a default so older configs still 
                       they are equal ("0.5" and "1/2"); False: exact strings.
   plot                True: `plot_curves` draws the curves next to the report (matplotlib).
 
+Verdicts do not depend on the machine's load: the reward pool charges each answer its own
+CPU time (`rewards.timeout_s`), and only a wall-clock backstop (`rewards.backstop_factor`
+times that) abandons an answer that gets no CPU at all, as *unscored*, never as wrong.
+Every answer without a verdict (unscored, or at its CPU limit) is scored again with limits
+`eval.retry_limit_factor` times longer; those still unscored (voting's answer equivalence
+included) are reported per set in the report's "unscored" and the evaluation raises
+`UnscoredError` when they exceed `eval.max_unscored_share` of all answers (default 0: any).
+
 Seeds: every metric is reported as its mean over `eval.seeds` with the standard deviation
 and a 95% t-interval (`jaxrl-reason eval --seeds 5` overrides the config's seeds).
 `compare` evaluates two checkpoints on the same problems and seeds and tests their difference
@@ -39,14 +47,29 @@ import numpy as np
 from jaxrl_reason.evaluation import compare as comparison
 from jaxrl_reason.evaluation import pass_at_k as evaluation
 from jaxrl_reason.runtime.progress import ProgressBar
-from jaxrl_reason.rewards.math import extract_answer, is_equivalent
-from jaxrl_reason.rewards.pool import RewardPool, config_options
+from jaxrl_reason.rewards.math import equivalence_verdict, extract_answer
+from jaxrl_reason.rewards.pool import (
+    DEFAULT_BACKSTOP_FACTOR,
+    BatchRewards,
+    RewardPool,
+    config_options,
+)
 from jaxrl_reason.data.tasks import eval_sources, task_verifier
 from jaxrl_reason.runtime.build import Runtime
 
 REPORT_METRICS = ("pass@1", "maj@{n}", "best_of@{n}", "pass@{n}", "mean_length")
 DEFAULTS = {"vote_subsets": 64, "best_of_verifier": "format_strict", "answer_equivalence": True,
-            "plot": False}
+            "plot": False, "retry_limit_factor": 4.0, "max_unscored_share": 0.0}
+EQUIVALENCE_TIMEOUT_S = 5.0  # CPU seconds of one answer-equivalence comparison (voting)
+
+
+class UnscoredError(RuntimeError):
+    """More answers than `eval.max_unscored_share` allows were left without a verdict even
+    after the retry; `report` holds the evaluation (its "unscored" counts per set)."""
+
+    def __init__(self, message: str, report: Mapping[str, Any]):
+        super().__init__(message)
+        self.report = report
 
 
 def eval_option(cfg: ml_collections.ConfigDict, name: str):
@@ -94,26 +117,87 @@ def _padded_chunks(examples: Sequence[Mapping], size: int):
         yield chunk, real
 
 
+def _score_retrying(pool: RewardPool, retry_pool: RewardPool | None, texts: list[str],
+                    rows: list[Mapping], names: Sequence[str] | None
+                    ) -> tuple[BatchRewards, int, np.ndarray]:
+    """`pool.score(texts, rows)`, then the rows whose components `names` (default: all) got
+    no verdict (unscored, or at their CPU limit) scored again by `retry_pool` (longer
+    limits). Returns (the merged rewards, rows retried, bool [N] rows still unscored)."""
+    batch = pool.score(texts, rows)
+    names = list(names) if names else list(batch.components)
+    undecided = np.zeros(len(texts), bool)
+    for name in names:
+        undecided |= batch.unscored.get(name, False) | batch.timed_out.get(name, False)
+    index = np.flatnonzero(undecided)
+    if retry_pool is not None and index.size:
+        again = retry_pool.score([texts[i] for i in index], [rows[i] for i in index])
+
+        def merged(first: Mapping[str, np.ndarray], second: Mapping[str, np.ndarray]):
+            out = {name: np.array(values) for name, values in first.items()}
+            for name, values in out.items():
+                if name in second:
+                    values[index] = second[name]
+            return out
+
+        total = np.array(batch.total)
+        total[index] = again.total
+        batch = dataclasses.replace(
+            batch, total=total, components=merged(batch.components, again.components),
+            unscored=merged(batch.unscored, again.unscored),
+            timed_out=merged(batch.timed_out, again.timed_out),
+            reasons=batch.reasons + again.reasons, seconds=batch.seconds + again.seconds)
+    still = np.zeros(len(texts), bool)
+    for name in names:
+        still |= batch.unscored.get(name, False)
+    return batch, int(index.size), still
+
+
+def _equivalence(options: Mapping[str, Any] | None, retry_factor: float, counts: dict):
+    """`math.is_equivalent` with `options` for voting, its undecided comparisons retried
+    with a `retry_factor` times longer limit; comparisons still unscored are counted in
+    `counts["unscored"]` (and vote apart)."""
+    options = dict(options or {})
+
+    def equivalent(a: str, b: str) -> bool:
+        verdict = equivalence_verdict(a, b, EQUIVALENCE_TIMEOUT_S, **options)
+        if verdict in ("timeout", "unscored"):
+            verdict = equivalence_verdict(a, b, EQUIVALENCE_TIMEOUT_S * retry_factor,
+                                          **options)
+        counts["unscored"] += verdict == "unscored"
+        return verdict == "equal"
+
+    return equivalent
+
+
 def sample_and_verify(rt: Runtime, params, examples: Sequence[Mapping], pool: RewardPool, *,
                       seed: int, num_samples: int, temperature: float, top_p: float,
                       max_new_tokens: int, batch_prompts: int, verifier: str | None = None,
                       filter_verifier: str | None = None,
                       answer_equivalence: bool = False,
-                      equivalence_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                      equivalence_options: Mapping[str, Any] | None = None,
+                      retry_pool: RewardPool | None = None,
+                      retry_limit_factor: float = DEFAULTS["retry_limit_factor"]
+                      ) -> dict[str, Any]:
     """Samples `num_samples` completions per example and verifies them.
 
     `verifier` names the pool component deciding correctness (default: the pool's total);
     `filter_verifier` a component whose scores are returned for best-of-k;
     `equivalence_options` the math verifier's options for `answer_equivalence`
-    (`rewards.options.correctness`).
+    (`rewards.options.correctness`); `retry_pool` (a pool with limits `retry_limit_factor`
+    times longer) scores again the answers left without a verdict.
     Returns: correct bool [P, n], answers (P x n list of str | None; with
     `answer_equivalence`, equivalent answers of a problem share one string), lengths int
-    [P, n], texts (P x n list of str), scores f32 [P, n] (filter_verifier's; None without).
+    [P, n], texts (P x n list of str), scores f32 [P, n] (filter_verifier's; None without),
+    unscored (answers, and voting comparisons, still without a verdict after the retry),
+    retried (answers scored a second time).
     """
     correct, answers, lengths, texts, scores = [], [], [], [], []
     rng = jax.random.key(seed)
-    equivalent = (functools.partial(is_equivalent, **dict(equivalence_options or {}))
+    counts = {"unscored": 0, "retried": 0}
+    equivalent = (_equivalence(equivalence_options, retry_limit_factor, counts)
                   if answer_equivalence else None)
+    names = None if verifier is None else [verifier] + (
+        [filter_verifier] if filter_verifier is not None else [])
     for i, (chunk, real) in enumerate(_padded_chunks(examples, batch_prompts)):
         pt, pv = rt.encode_prompts(chunk)
         out = rt.sampler(params, rt.put_prompts(pt), rt.put_prompts(pv),
@@ -123,7 +207,9 @@ def sample_and_verify(rt: Runtime, params, examples: Sequence[Mapping], pool: Re
         tokens, lens = tokens[:real * num_samples], lens[:real * num_samples]
         chunk_texts = [rt.tokenizer.decode(row[:n]) for row, n in zip(tokens, lens)]
         rows = [ex for ex in chunk[:real] for _ in range(num_samples)]
-        batch = pool.score(chunk_texts, rows)
+        batch, retried, still = _score_retrying(pool, retry_pool, chunk_texts, rows, names)
+        counts["retried"] += retried
+        counts["unscored"] += int(still.sum())
         verdict = batch.total if verifier is None else batch.components[verifier]
         correct.append(np.asarray(verdict).reshape(real, num_samples) > 0.5)
         if filter_verifier is not None:
@@ -138,7 +224,8 @@ def sample_and_verify(rt: Runtime, params, examples: Sequence[Mapping], pool: Re
                                                         equivalent=equivalent))
     return {"correct": np.concatenate(correct), "answers": answers,
             "lengths": np.concatenate(lengths), "texts": texts,
-            "scores": np.concatenate(scores) if scores else None}
+            "scores": np.concatenate(scores) if scores else None,
+            "unscored": counts["unscored"], "retried": counts["retried"]}
 
 
 def evaluate(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] | None = None, *,
@@ -173,20 +260,30 @@ def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] 
     verifier = verifier or task_verifier(rt.config)
     filter_verifier = eval_option(cfg, "best_of_verifier") or None
     equivalence = bool(eval_option(cfg, "answer_equivalence"))
+    retry_factor = float(eval_option(cfg, "retry_limit_factor"))
+    max_share = float(eval_option(cfg, "max_unscored_share"))
     report: dict[str, Any] = {"sets": {}, "curves": {}, "config": {
         "num_samples": n, "seeds": list(cfg.seeds), "temperature": cfg.temperature,
         "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "vote_subsets": subsets,
-        "best_of_verifier": filter_verifier, "answer_equivalence": equivalence}}
+        "best_of_verifier": filter_verifier, "answer_equivalence": equivalence,
+        "max_unscored_share": max_share}, "unscored": {}}
     weights = {verifier: 1.0}
     if filter_verifier is not None and filter_verifier != verifier:
         weights[filter_verifier] = 0.0
     verdicts: dict[str, np.ndarray] = {}
     options = config_options(rt.config)  # the same verifier options as training
-    with RewardPool(weights, options=options, num_workers=rt.config.rewards.num_workers,
-                    timeout_s=rt.config.rewards.timeout_s) as pool, \
+    limits = {"num_workers": rt.config.rewards.num_workers, "options": options,
+              "timeout_s": rt.config.rewards.timeout_s,
+              "backstop_factor": rt.config.rewards.get("backstop_factor",
+                                                       DEFAULT_BACKSTOP_FACTOR)}
+    answers_total = unscored_total = 0
+    with RewardPool(weights, **limits) as pool, \
+            RewardPool(weights, **{**limits, "timeout_s": limits["timeout_s"] * retry_factor},
+                       limit_scale=retry_factor) as retry_pool, \
             ProgressBar(len(sets) * len(cfg.seeds), f"eval{label}", enabled=progress) as bar:
         for name, examples in sets.items():
             per_seed, curves, correct = [], [], []
+            unscored = retried = 0
             for seed in cfg.seeds:
                 res = sample_and_verify(rt, params, examples, pool, seed=seed, num_samples=n,
                                         temperature=cfg.temperature, top_p=cfg.top_p,
@@ -194,7 +291,9 @@ def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] 
                                         batch_prompts=cfg.batch_prompts, verifier=verifier,
                                         filter_verifier=filter_verifier,
                                         answer_equivalence=equivalence,
-                                        equivalence_options=options.get("correctness"))
+                                        equivalence_options=options.get("correctness"),
+                                        retry_pool=retry_pool,
+                                        retry_limit_factor=retry_factor)
                 per_seed.append(evaluation.seed_metrics(
                     res["correct"], res["answers"], res["lengths"], ks, scores=res["scores"],
                     num_subsets=subsets, seed=seed))
@@ -202,10 +301,26 @@ def evaluate_samples(rt: Runtime, params, sets: Mapping[str, Sequence[Mapping]] 
                     res["correct"], res["answers"], res["scores"], num_subsets=subsets,
                     seed=seed))
                 correct.append(res["correct"])
+                unscored += res["unscored"]
+                retried += res["retried"]
                 bar.update(1)
             report["sets"][name] = evaluation.summarize_seeds(per_seed)
             report["curves"][name] = evaluation.summarize_curves(curves)
+            report["unscored"][name] = unscored
             verdicts[name] = np.stack(correct)
+            answers_total += int(verdicts[name].size)
+            unscored_total += unscored
+            if retried and jax.process_index() == 0:  # the load's doing: not in the report
+                print(f"[eval{label}] {name}: {retried} answer(s) without a verdict scored "
+                      f"again with {retry_factor:g}x limits; {unscored} still unscored",
+                      file=sys.stderr, flush=True)
+    if unscored_total > max_share * answers_total:
+        raise UnscoredError(
+            f"evaluation{label}: {unscored_total} of {answers_total} answers (or voting "
+            f"comparisons) have no verdict even with {retry_factor:g}x limits, more than "
+            f"eval.max_unscored_share={max_share:g} allows (per set: {report['unscored']}); "
+            "the machine gave them no CPU within rewards.backstop_factor x "
+            "rewards.timeout_s: raise those, or eval.max_unscored_share", report)
     return report, verdicts
 
 

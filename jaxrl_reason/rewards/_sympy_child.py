@@ -7,16 +7,25 @@ its two siblings, `_sympy_tree` and `_latex_verify`, by path (`load`).
 The zygote imports sympy and math-verify, warms them up on constants, hardens them
 (`_latex_verify.harden`), announces `{"ready": true}`, then serves one request per line:
 
-- `{"id": int, "a": str, "b": str, "mode": str, "atol": float, "t": float, "o": dict | null}`:
-  one comparison in a job forked for it (`run_job`), answered
-  `{"id": id, "r": true | false | "c" | null}` ("c": mode "mv", only math-verify's own
-  extraction from the completion matched; null: the job overran `t` and was killed);
-- `{"id": int, "batch": [{"a", "b", "mode", "atol", "o"}, ...], "t": float}`: several
-  comparisons, one after another, in one forked job (`run_batch_job`), each allowed `t`
-  seconds from the end of the one before; answered `{"id": id, "r": [verdict, ...]}`, one
-  entry per comparison, where a verdict is as above or "u" (not decided: the job stopped
-  before it, at a timeout of an earlier comparison, a resource error such as MemoryError or
-  RecursionError, a crash or garbage on its pipe; the parent runs those again singly).
+- `{"id": int, "a": str, "b": str, "mode": str, "atol": float, "t": float, "w": float,
+  "o": dict | null}`: one comparison in a job forked for it (`run_job`), answered
+  `{"id": id, "r": true | false | "c" | null | "w"}` ("c": mode "mv", only math-verify's
+  own extraction from the completion matched; null: the comparison used up `t` seconds of
+  its own CPU time and was killed; "w": not decided within `w` seconds of wall time, the
+  backstop against a job that makes no progress, e.g. on a machine too busy to run it);
+- `{"id": int, "batch": [{"a", "b", "mode", "atol", "o"}, ...], "t": float, "w": float}`:
+  several comparisons, one after another, in one forked job (`run_batch_job`), each allowed
+  `t` seconds of CPU time of its own (and `w` of wall time from the end of the one before);
+  answered `{"id": id, "r": [verdict, ...]}`, one entry per comparison, where a verdict is
+  as above or "u" (not decided: the job stopped before it, at a limit of an earlier
+  comparison, a resource error such as MemoryError or RecursionError, a crash or garbage on
+  its pipe; the parent runs those again singly). A comparison that reaches its wall backstop
+  is "u" too (run again singly, where that gives "w").
+
+CPU time, not wall time, decides a timeout: the job arms `ITIMER_PROF` (the process's own
+user + system time) with `t` before each comparison, and the kernel kills it with SIGPROF
+when that comparison has used `t` seconds; a verdict therefore does not depend on what
+else the machine runs. Wall time only bounds a job that does not progress (`w`).
 
 After replying, the zygote kills and reaps the job (and, in its own pid namespace, every
 other process but itself) before it reads the next request. A job holds only the write end
@@ -41,6 +50,7 @@ import gc
 import json
 import os
 import select
+import signal
 import sys
 import time
 
@@ -186,6 +196,7 @@ def _undumpable() -> None:
 
 _BYTES = {b"T": True, b"F": False, b"C": "c"}
 _UNDECIDED = "u"  # batch verdict: not decided in this job (the parent runs it again singly)
+_WALL = "w"  # not decided within the wall-clock backstop (unscored, not a timeout)
 
 
 def _verdict_byte(item: dict) -> bytes:
@@ -202,9 +213,11 @@ def _verdict_byte(item: dict) -> bytes:
     return b"C" if found == "completion" else b"T" if found else b"F"
 
 
-def _fork_job(items: list[dict]) -> tuple[int, int]:
+def _fork_job(items: list[dict], cpu_s: float) -> tuple[int, int]:
     """Fork a job that judges `items` in order, writing one verdict byte each (stopping
-    after an R) into a pipe made for it. Returns (read end of that pipe, the job's pid).
+    after an R) into a pipe made for it; each comparison may use `cpu_s` seconds of the
+    job's CPU time (`ITIMER_PROF`, rearmed before each: the kernel kills the job with SIGPROF
+    when one overruns). Returns (read end of that pipe, the job's pid).
 
     The job holds only the write end of its own pipe (stdin/stdout/stderr are /dev/null,
     every other descriptor closed), so it cannot reach the verdict stream or any other job.
@@ -221,8 +234,11 @@ def _fork_job(items: list[dict]) -> tuple[int, int]:
             os.closerange(w + 1, 4096)
             os.setpgid(0, 0)
             gc.disable()  # the job is short-lived: no collection touching inherited pages
+            signal.signal(signal.SIGPROF, signal.SIG_DFL)  # overrun: the kernel kills the job
             for item in items:
+                signal.setitimer(signal.ITIMER_PROF, max(1e-3, cpu_s))
                 byte = _verdict_byte(item)
+                signal.setitimer(signal.ITIMER_PROF, 0)
                 os.write(w, byte)
                 if byte == b"R":
                     break
@@ -233,18 +249,38 @@ def _fork_job(items: list[dict]) -> tuple[int, int]:
     return r, pid
 
 
-def _read_verdicts(r: int, count: int, budget_s: float) -> list:
-    """Up to `count` verdicts read from job pipe `r` (closed here), each within `budget_s`
-    seconds of the one before: True/False/"c" per byte, None for the comparison that
-    overran its budget, "u" for every one not decided (after a timeout, a resource error,
-    EOF or an unknown byte; any byte beyond `count` makes every verdict "u")."""
+_REAPED: set = set()  # jobs `_cpu_killed` reaped: `end_job` must not signal their pid again
+
+
+def _cpu_killed(pid: int) -> bool:
+    """Whether job `pid`, whose pipe reached end of file, was killed by SIGPROF (a comparison
+    used up its CPU time); reaps it when it has exited (waiting up to a second: a job closes
+    its pipe only as it exits). False for any other end."""
+    for _ in range(100):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if done:
+            _REAPED.add(pid)
+            return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGPROF
+        time.sleep(0.01)
+    return False
+
+
+def _read_verdicts(r: int, count: int, wall_s: float, pid: int) -> list:
+    """Up to `count` verdicts read from the pipe `r` (closed here) of job `pid`, each within
+    `wall_s` seconds of the one before (the backstop): True/False/"c" per byte, None for the
+    comparison the kernel stopped at its CPU limit, "w" for one still running at the
+    backstop, "u" for every one not decided (after a limit, a resource error, EOF or an
+    unknown byte; any byte beyond `count` makes every verdict "u")."""
     verdicts: list = []
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + wall_s
     try:
         while len(verdicts) < count:
             readable, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
             if not readable:
-                verdicts.append(None)
+                verdicts.append(_WALL)
                 break
             chunk = os.read(r, count + 1)
             known = [_BYTES.get(bytes([c])) for c in chunk]
@@ -252,9 +288,11 @@ def _read_verdicts(r: int, count: int, budget_s: float) -> list:
                 verdicts += known[:known.index(None)]
                 break
             verdicts += known
-            if not chunk:  # EOF: the job ended or died early
+            if not chunk:  # EOF: the job ended, died early or overran its CPU time
+                if _cpu_killed(pid):
+                    verdicts.append(None)
                 break
-            deadline = time.monotonic() + budget_s
+            deadline = time.monotonic() + wall_s
         if len(verdicts) > count:
             return [_UNDECIDED] * count
         readable, _, _ = select.select([r], [], [], 0)
@@ -265,38 +303,54 @@ def _read_verdicts(r: int, count: int, budget_s: float) -> list:
     return verdicts + [_UNDECIDED] * (count - len(verdicts))
 
 
+def _limits(req: dict) -> tuple[float, float]:
+    """(CPU seconds per comparison, wall seconds of the backstop) of a request; a request
+    without "w" gets ten times its CPU time."""
+    cpu_s = max(0.0, float(req["t"]))
+    return cpu_s, max(0.0, float(req.get("w", 10.0 * cpu_s)))
+
+
 def run_job(req: dict) -> tuple[bool | str | None, int]:
-    """Run one comparison (`req`: "a", "b", "mode", "atol", "o", time limit "t") in a forked
-    job and read its verdict. Returns (True/False, "c" when only the completion matched
-    (mode "mv"), or None at the time limit or on anything but one verdict byte; the job's
-    pid). The job may still be running or exiting: the caller ends it with `end_job` before
-    the next request (after sending the reply, so the reply does not wait for the teardown).
+    """Run one comparison (`req`: "a", "b", "mode", "atol", "o", CPU limit "t", wall
+    backstop "w") in a forked job and read its verdict. Returns (True/False, "c" when only
+    the completion matched (mode "mv"), None when it used up its CPU time or on anything but
+    one verdict byte, "w" at the wall backstop; the job's pid). The job may still be running
+    or exiting: the caller ends it with `end_job` before the next request (after sending the
+    reply, so the reply does not wait for the teardown).
     """
-    r, pid = _fork_job([req])
-    (verdict,) = _read_verdicts(r, 1, max(0.0, float(req["t"])))
+    cpu_s, wall_s = _limits(req)
+    r, pid = _fork_job([req], cpu_s)
+    (verdict,) = _read_verdicts(r, 1, wall_s, pid)
     return (None if verdict == _UNDECIDED else verdict), pid
 
 
 def run_batch_job(req: dict) -> tuple[list, int]:
     """Run the comparisons of `req["batch"]` one after another in one forked job, each
-    allowed `req["t"]` seconds from the end of the one before (the process, its imports'
-    caches and the gold answer's parse are shared, so a comparison costs about half a fork
-    of its own). Returns (one verdict per comparison, as `_read_verdicts`; the job's pid),
-    the job possibly still running: end it with `end_job`."""
+    allowed `req["t"]` seconds of CPU time of its own and `req["w"]` of wall time from the
+    end of the one before (the process, its imports' caches and the gold answer's parse are
+    shared, so a comparison costs about half a fork of its own). Returns (one verdict per
+    comparison, as `_read_verdicts` but "u" for one at its wall backstop, which the parent
+    runs again singly; the job's pid), the job possibly still running: end it with
+    `end_job`."""
     items = [dict(item) for item in req["batch"]]
-    r, pid = _fork_job(items)
-    return _read_verdicts(r, len(items), max(0.0, float(req["t"]))), pid
+    cpu_s, wall_s = _limits(req)
+    r, pid = _fork_job(items, cpu_s)
+    verdicts = _read_verdicts(r, len(items), wall_s, pid)
+    return [_UNDECIDED if v == _WALL else v for v in verdicts], pid
 
 
 def end_job(pid: int, own_pid_ns: bool) -> None:
     """Kill and reap job `pid` and, in its own pid namespace, every other process but this
     one (strays a job may have left; pid 1, bwrap's init, is exempt)."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, 9)
-        except OSError:
-            pass
-    os.waitpid(pid, 0)
+    if pid in _REAPED:  # reaped already (`_cpu_killed`): its pid may be another's now
+        _REAPED.discard(pid)
+    else:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, 9)
+            except OSError:
+                pass
+        os.waitpid(pid, 0)
     if own_pid_ns:
         try:
             os.kill(-1, 9)

@@ -3,10 +3,15 @@
 
 Sympy can spin for minutes inside one C-level big-integer operation while holding the GIL
 (`9**9**9**9`), and a thread cannot be interrupted, so every sympy call of the reward code
-runs in a small pool of persistent child processes. A job that overruns its deadline is
-killed by its worker; a worker that does not answer within a short grace after the deadline
-is killed itself, and a replacement starts at once in the background. The client is safe to
-use from many threads.
+runs in a small pool of persistent child processes. Each comparison may use `timeout_s`
+seconds of its own CPU time (the job's `ITIMER_PROF`; the kernel kills a job that overruns):
+a verdict, and a timeout, do not depend on how busy the machine is or on what the other
+comparisons of a batch cost. Wall time is only a backstop (`wall_s`, by default
+`WALL_FACTOR` times the CPU limit and at least `MIN_WALL_S`) against a job, a worker or a
+start-up that makes no progress: a comparison not decided by then is *unscored* ("w" with
+`detail`), never a timeout. A worker that does not answer within a short grace after the
+backstop is killed, and a replacement starts at once in the background. The client is safe
+to use from many threads.
 
 Each worker is a zygote (`_sympy_child.main`): it imports sympy and math-verify, warms them
 up, hardens them and announces `{"ready": true}`, then serves one request per line, forking
@@ -47,6 +52,16 @@ _MAX_WORKERS = min(4, (os.cpu_count() or 1) + 2)
 _MEMORY_BYTES = 4 * 2**30  # address space of a worker and of each of its jobs
 _CACHE_SIZE = 1 << 16  # verdicts remembered by the parent (see `SympyPool.compare`)
 _REPLY_GRACE_S = 0.5  # the zygote ends a job at its deadline; past this grace it is killed
+# The wall-clock backstop of a comparison: this many times its CPU limit, at least
+# MIN_WALL_S. Generous: a comparison hits it only when it gets almost no CPU at all.
+WALL_FACTOR = 10.0
+MIN_WALL_S = 10.0
+UNSCORED = "w"  # `compare(detail=True)`: not decided within the wall-clock backstop
+
+
+def wall_backstop(cpu_s: float) -> float:
+    """The default wall-clock backstop of a comparison allowed `cpu_s` seconds of CPU."""
+    return max(MIN_WALL_S, WALL_FACTOR * float(cpu_s))
 _PROGRAM = ("_sympy_child.py", "_sympy_tree.py", "_latex_verify.py")  # the worker's files
 # Run the child program by path without putting its directory (which holds `math.py`) on
 # sys.path.
@@ -58,9 +73,9 @@ _BOOTSTRAP = (
 
 
 def _valid(verdict, batch: bool) -> bool:
-    """Whether `verdict` is one a job can give: True, False, None, "c" (and "u" in a
+    """Whether `verdict` is one a job can give: True, False, None, "c", "w" (and "u" in a
     batch, a comparison the job did not decide)."""
-    return any(verdict is v for v in (True, False, None)) or verdict == "c" or \
+    return any(verdict is v for v in (True, False, None)) or verdict in ("c", UNSCORED) or \
         (batch and verdict == "u")
 
 
@@ -195,45 +210,56 @@ class SympyPool:
 
     def compare(
         self, a: str, b: str, mode: str = "expr", atol: float = 0.0, timeout_s: float = 5.0,
-        options: dict | None = None,
-    ) -> bool | None:
+        options: dict | None = None, *, wall_s: float | None = None, detail: bool = False,
+    ) -> bool | str | None:
         """Compare two expression strings in a worker (modes: see the module docstring).
 
-        Returns True/False, or None when the deadline (`timeout_s` of wall time) passed
-        first; a worker still computing is then killed and replaced. A verdict is a pure
-        function of the request, so True/False verdicts are kept in an LRU cache of
-        `_CACHE_SIZE` requests (the jobs' own sympy caches die with them). A mode "mv"
-        request with a completion also records the verdict on the answer alone (the job
-        tells which of the two matched): an answer known equal needs no job, one known
-        different is not parsed again (`pred_different`). A request that a `compare_many`
-        job is deciding is waited for (until that job's deadline) rather than run twice;
-        one that overran its time there returns None once.
+        `timeout_s` is the comparison's own CPU time; `wall_s` (default
+        `wall_backstop(timeout_s)`) the wall-clock backstop of the whole call, waiting for a
+        worker or a batch job included. Returns True/False, or None when not decided: the
+        comparison used up its CPU time (a timeout: the answer's own cost) or, only with
+        `detail=False`, the backstop passed first; with `detail=True` the latter is
+        `UNSCORED` ("w", truthy: test `is True`). A worker still computing at the backstop
+        is killed and replaced. A verdict is a pure function of the request, so True/False
+        verdicts are kept in an LRU cache of `_CACHE_SIZE` requests (the jobs' own sympy
+        caches die with them). A mode "mv" request with a completion also records the
+        verdict on the answer alone (the job tells which of the two matched): an answer
+        known equal needs no job, one known different is not parsed again
+        (`pred_different`). A request that a `compare_many` job is deciding is waited for
+        (until that job's backstop) rather than run twice; one that overran its CPU time
+        there returns None once.
         """
+        wall_s = wall_backstop(timeout_s) if wall_s is None else float(wall_s)
         request = (a, b, mode, float(atol), options)
         state = self._lookup(request)
         if state["event"] is not None:
-            state["event"].wait(max(0.0, state["until"] - time.monotonic()))
+            state["event"].wait(max(0.0, min(state["until"] - time.monotonic(), wall_s)))
             state = self._lookup(request)
         if state["done"]:
             return state["verdict"]
-        verdict = self._compare(a, b, mode, atol, timeout_s, state["options"])
+        verdict = self._compare(a, b, mode, atol, timeout_s, wall_s, state["options"])
         self._remember(state, verdict)
+        if verdict == UNSCORED:
+            return UNSCORED if detail else None
         return None if verdict is None else bool(verdict)
 
-    def compare_many(self, requests: list[tuple], timeout_s: float = 5.0) -> list:
+    def compare_many(self, requests: list[tuple], timeout_s: float = 5.0,
+                     wall_s: float | None = None) -> list:
         """Decide several requests `(a, b, mode, atol, options)` in one worker job, one after
-        another, each allowed `timeout_s` seconds (a job per comparison costs a fork and
-        cold caches; this is what a reward batch uses before its per-answer calls).
+        another, each allowed `timeout_s` seconds of its own CPU time and `wall_s` (default
+        `wall_backstop(timeout_s)`) of wall time (a job per comparison costs a fork and cold
+        caches; this is what a reward batch uses before its per-answer calls).
 
         Requests already cached or being decided elsewhere are skipped. The verdicts go to
-        the cache `compare` reads (a request that overran its time: a None for the next
-        `compare` of it). Returns one entry per request: True/False, None (overran its
-        time), or "u": not decided here (skipped, or the job stopped before it: a timeout of
-        an earlier comparison, a resource error, a crash, a broken reply); `compare` runs
-        those singly, so a slow answer cannot time out the others of its job.
+        the cache `compare` reads (a request that overran its CPU time: a None for the next
+        `compare` of it). Returns one entry per request: True/False, None (overran its CPU
+        time), or "u": not decided here (skipped, or the job stopped before it: a limit of
+        an earlier comparison, the backstop, a resource error, a crash, a broken reply);
+        `compare` runs those singly, so a slow answer cannot time out the others of its job.
         """
+        wall_s = wall_backstop(timeout_s) if wall_s is None else float(wall_s)
         states, todo, out = [], [], ["u"] * len(requests)
-        until = time.monotonic() + len(requests) * timeout_s + _REPLY_GRACE_S
+        until = time.monotonic() + len(requests) * wall_s + _REPLY_GRACE_S
         with self._lock:
             for i, request in enumerate(requests):
                 state = self._lookup(request, locked=True, consume=False)
@@ -249,9 +275,13 @@ class SympyPool:
             items = [{"a": requests[i][0], "b": requests[i][1], "mode": requests[i][2],
                       "atol": float(requests[i][3]), "o": st["options"]}
                      for i, st in zip(todo, states)]
-            verdicts = self._request({"batch": items}, timeout_s, len(items)) or verdicts
+            verdicts = self._request({"batch": items}, timeout_s, wall_s, len(items))
+            if not isinstance(verdicts, list):  # no valid reply: all undecided
+                verdicts = ["u"] * len(todo)
         finally:
             for i, state, verdict in zip(todo, states, verdicts):
+                if verdict == UNSCORED:
+                    verdict = "u"
                 out[i] = verdict if verdict == "u" else None if verdict is None \
                     else bool(verdict)
                 if verdict is None:
@@ -301,7 +331,7 @@ class SympyPool:
 
     def _remember(self, state: dict, verdict) -> None:
         """Cache a decided verdict (True/False/"c") of the request `_lookup` described."""
-        if verdict is None:
+        if verdict is None or verdict == UNSCORED:
             return
         with self._lock:
             self._verdicts[state["key"]] = bool(verdict)
@@ -316,30 +346,33 @@ class SympyPool:
         return (a, b, mode, float(atol), json.dumps(options, sort_keys=True))
 
     def _compare(self, a: str, b: str, mode: str, atol: float, timeout_s: float,
-                 options: dict | None = None) -> bool | str | None:
+                 wall_s: float, options: dict | None = None) -> bool | str | None:
         """One request to a worker (no cache)."""
         return self._request({"a": a, "b": b, "mode": mode, "atol": float(atol),
-                              "o": options}, timeout_s)
+                              "o": options}, timeout_s, wall_s)
 
-    def _request(self, body: dict, timeout_s: float, count: int | None = None):
+    def _request(self, body: dict, timeout_s: float, wall_s: float, count: int | None = None):
         """Send `body` (a comparison, or with `count` a batch of `count`, each allowed
-        `timeout_s`) to a worker and return the reply's verdict(s), or None when no valid
-        reply came in time (the worker is then killed and replaced)."""
-        total = timeout_s * (count or 1)
+        `timeout_s` seconds of CPU time and `wall_s` of wall time) to a worker and return the
+        reply's verdict(s), or `UNSCORED` when no valid reply came within the wall backstop
+        (waiting for a worker slot or a start-up included; the worker is then killed and
+        replaced)."""
+        total = wall_s * (count or 1)
         deadline = time.monotonic() + total
         if not self._slots.acquire(timeout=max(0.0, total)):
-            return None
+            return UNSCORED
         worker, first_start, started = None, not self._served, time.monotonic()
         try:
             worker = self._checkout(deadline)
             if worker is None:
-                return None
+                return UNSCORED
             if first_start:  # the pool's first start-up is not counted against the call
                 deadline += time.monotonic() - started
             worker.jobs += 1
             job = worker.jobs
             left = max(0.0, deadline - time.monotonic())
-            request = {"id": job, **body, "t": left if count is None else timeout_s}
+            request = {"id": job, **body, "t": float(timeout_s),
+                       "w": left if count is None else wall_s}
             worker.proc.stdin.write((json.dumps(request) + "\n").encode())
             worker.proc.stdin.flush()
             line = worker.read_line(deadline + _REPLY_GRACE_S)
@@ -347,14 +380,14 @@ class SympyPool:
             if reply is None or worker.pending():  # silent, garbled, or more than one line
                 self._discard(worker, replace=True)
                 worker = None
-                return None
+                return UNSCORED
             self._checkin(worker)
             worker = None
             return reply["r"]
         except Exception:
             if worker is not None:
                 self._discard(worker, replace=True)
-            return None
+            return UNSCORED
         finally:
             self._slots.release()
 

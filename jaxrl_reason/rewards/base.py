@@ -22,6 +22,22 @@ import numpy as np
 RewardFunction = Callable[[str, Mapping[str, Any]], "RewardResult | float"]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+_LIMITS = threading.local()
+
+
+def limit_scale() -> float:
+    """How much longer than their defaults the calling reward's own time limits should be:
+    a `RewardPool`'s `limit_scale` on its threads (an evaluation retries undecided answers
+    in a pool with a larger one), 1.0 elsewhere. Rewards with an inner limit (the math
+    verifier's per-comparison CPU time) multiply it by this."""
+    return getattr(_LIMITS, "scale", 1.0)
+
+
+def set_limit_scale(scale: float) -> None:
+    """Sets `limit_scale()` for the calling thread (`RewardPool` does, on its threads)."""
+    _LIMITS.scale = float(scale)
+
+
 _REGISTRY: dict[str, RewardFunction] = {}
 _BATCH_REGISTRY: dict[str, "BatchRewardSpec"] = {}
 _LOCK = threading.Lock()

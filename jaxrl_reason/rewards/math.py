@@ -15,7 +15,9 @@ Which layer decides what (`is_equivalent`, cheapest first):
    `math_verify.verify`) for everything else: expressions, equation chains (`\sqrt{9} = 3`
    ~ `3`), labelled answers (`PQ=3, RS=8` ~ `3, 8`), sets, tuples, intervals, inequalities
    against intervals, matrices, `\pm`. It runs in a sympy worker job (`_sympy_worker`,
-   `_latex_verify`), killed at the deadline; its own signal timeouts are off. Plain
+   `_latex_verify`), killed when it has used its CPU time (`CORRECTNESS_TIMEOUT_S` in the
+   reward: the answer's own cost, whatever the machine's load); its own signal timeouts are
+   off. Plain
    expressions (`sqrt(2)/2`, `x**2`) are parsed by our `_sympy_tree`, never by
    math-verify's `parse_expr` path, and bare answers without `$` (`\tfrac83`, `4, 12, 2`)
    are wrapped before the library sees them. In a `RewardPool`, `correctness_prefetch`
@@ -52,19 +54,22 @@ import math
 import os
 import re
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from jaxrl_reason.rewards import latex
-from jaxrl_reason.rewards._sympy_worker import get_pool
-from jaxrl_reason.rewards.base import RewardResult, register_reward
+from jaxrl_reason.rewards._sympy_worker import UNSCORED, get_pool
+from jaxrl_reason.rewards.base import RewardResult, limit_scale, register_reward
 
-Verdict = Literal["equal", "different", "timeout"]
+# "timeout": the comparison used up its own CPU time (a verdict of the answer's cost);
+# "unscored": not decided within the wall-clock backstop (the machine, not the answer).
+Verdict = Literal["equal", "different", "timeout", "unscored"]
 
-# Time budget of one sympy comparison inside the `correctness` reward. Kept below the
-# default RewardPool timeout so that a slow comparison is reported as "correctness/timeout"
-# by the reward itself rather than by the pool.
+# CPU time of one sympy comparison inside the `correctness` reward (the job's own CPU time,
+# not wall time: see `_sympy_worker`), scaled by the reward pool's `limit_scale()` (an
+# evaluation retries an undecided answer with a longer limit). A comparison that uses it
+# up is "correctness/timeout"; one the wall-clock backstop (`_sympy_worker.wall_backstop`)
+# abandons is "correctness/unscored".
 CORRECTNESS_TIMEOUT_S = 2.0
 _MAX_INPUT_CHARS = 10_000  # longer answer strings are only compared verbatim
 _MAX_SCAN_CHARS = 100_000  # extraction looks at this many final characters of a completion
@@ -286,25 +291,35 @@ def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0, **options: Any) 
     Handles numbers, fractions, LaTeX, sets, intervals, tuples, matrices, equations (`x=3`),
     inequalities, percentages and units; either side may keep `$...$`, `\(...\)` or
     `\boxed{}` wrappers, or be a GSM8K answer ending in `#### N`. `options`: see
-    `verifier_options` (ValueError on a bad one). math-verify runs in a worker process,
-    and the whole call returns within about `timeout_s` seconds of wall time (only the
-    worker pool's first start-up, ~1-3 s, is not counted; call
-    `_sympy_worker.get_pool().warm()` to pay it up front). Safe to call from many threads.
-    Non-str inputs and timeouts give False.
+    `verifier_options` (ValueError on a bad one). math-verify runs in a worker process and
+    may use `timeout_s` seconds of its own CPU time; the call returns within the wall-clock
+    backstop `_sympy_worker.wall_backstop(timeout_s)` at most (the worker pool's first
+    start-up, ~1-3 s, is not counted; call `_sympy_worker.get_pool().warm()` to pay it up
+    front). Safe to call from many threads. Non-str inputs, timeouts and comparisons left
+    undecided at the backstop give False (`equivalence_verdict` tells these apart).
     """
     opts = verifier_options(**options) if options else _DEFAULTS_CHECKED
     return _verdict(pred, gold, timeout_s, opts) == "equal"
 
 
+def equivalence_verdict(pred: Any, gold: Any, timeout_s: float = 5.0,
+                        **options: Any) -> Verdict:
+    """`is_equivalent`'s verdict: "equal", "different", "timeout" (the comparison used up
+    `timeout_s` seconds of its CPU time) or "unscored" (not decided within the wall-clock
+    backstop: retry it with a longer limit rather than count it as different)."""
+    opts = verifier_options(**options) if options else _DEFAULTS_CHECKED
+    return _verdict(pred, gold, timeout_s, opts)
+
+
 def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None,
              completion: str | None = None) -> Verdict:
-    """`is_equivalent` with the timeout case kept apart from "different"; `completion`: see
-    `_library` (with it, a "different" from the number and word rules is not final)."""
-    deadline = time.monotonic() + max(0.0, float(timeout_s))
+    """`is_equivalent` with the timeout and unscored cases kept apart from "different";
+    `completion`: see `_library` (with it, a "different" from the number and word rules is
+    not final)."""
     decided = _parent_verdict(pred, gold, options, completion)
     if isinstance(decided, str):
         return decided
-    return _library(*decided, deadline)
+    return _library(*decided, max(0.0, float(timeout_s)))
 
 
 def _parent_verdict(pred: Any, gold: Any, options: dict | None = None,
@@ -404,18 +419,20 @@ def _compare_words(a: str, b: str) -> Verdict | None:
 
 
 def _library(pred: str, gold: str, options: dict, completion: str | None,
-             deadline: float) -> Verdict:
-    """math-verify's verdict on the folded answer texts, in a worker job (`_latex_verify`),
-    within the deadline; with `completion` (the text `pred` came from), math-verify's own
-    extraction from it is tried too."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
+             cpu_s: float) -> Verdict:
+    """math-verify's verdict on the folded answer texts, in a worker job (`_latex_verify`)
+    allowed `cpu_s` seconds of its own CPU time (and the default wall-clock backstop); with
+    `completion` (the text `pred` came from), math-verify's own extraction from it is tried
+    too."""
+    if cpu_s <= 0:
         return "timeout"
     a, b, mode, atol, request = _worker_request(pred, gold, options, completion)
-    result = get_pool().compare(a, b, mode, atol, remaining, request)
+    result = get_pool().compare(a, b, mode, atol, cpu_s, request, detail=True)
     if result is None:
         return "timeout"
-    return "equal" if result else "different"
+    if result == UNSCORED:
+        return "unscored"
+    return "equal" if result is True else "different"
 
 
 def _worker_request(pred: str, gold: str, options: dict, completion: str | None) -> tuple:
@@ -463,9 +480,10 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     `example["answer"]` may be a bare key, a MATH solution with `\\boxed{}` or a GSM8K
     solution ending in `#### N`. The keyword options (bound from
     `rewards.options.correctness`) are math-verify's: see `verifier_options`. Reasons for
-    0.0: "no_answer" (nothing extractable), "wrong", "timeout" (not decided within
-    CORRECTNESS_TIMEOUT_S). Raises ValueError when `example` has no "answer" or an option
-    is invalid. A completion without `\\boxed{}` or an answer tag also goes to
+    0.0: "no_answer" (nothing extractable), "wrong", "timeout" (the comparison used up its
+    CPU time, CORRECTNESS_TIMEOUT_S times the pool's `limit_scale()`), "unscored" (not
+    decided within the wall-clock backstop: the machine, not the answer). Raises
+    ValueError when `example` has no "answer" or an option is invalid. A completion without `\\boxed{}` or an answer tag also goes to
     math-verify's own extraction in the same job, so an answer that our extraction and the
     library read differently counts when either matches (a box or tag is read alike by
     both, and skipping the second parse keeps the verdict fast). In a `RewardPool`, the
@@ -476,7 +494,7 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     if "answer" not in example:
         raise ValueError(f"correctness: example has no 'answer' key (keys: {sorted(example)})")
     gold = str(example["answer"])
-    deadline = time.monotonic() + CORRECTNESS_TIMEOUT_S
+    cpu_s = CORRECTNESS_TIMEOUT_S * limit_scale()
     key = (completion, gold, _options_key(opts))
     with _PREPARED_LOCK:
         prepared = _PREPARED.get(key, _MISSING)
@@ -484,10 +502,10 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
         prepared = _prepare(completion, gold, opts)
     if prepared is None:
         return RewardResult(0.0, "no_answer")
-    verdict = prepared if isinstance(prepared, str) else _library(*prepared, deadline)
+    verdict = prepared if isinstance(prepared, str) else _library(*prepared, cpu_s)
     if verdict == "equal":
         return RewardResult(1.0)
-    return RewardResult(0.0, "wrong" if verdict == "different" else "timeout")
+    return RewardResult(0.0, "wrong" if verdict == "different" else verdict)
 
 
 def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[str, Any]],
@@ -524,8 +542,8 @@ def correctness_prefetch(completions: Sequence[str], examples: Sequence[Mapping[
     jobs = min(len(ordered), _parallel_jobs())
     jobs = max(jobs, -(-len(ordered) // _BATCH_JOB_SIZE))
     parts = _deal_by_gold(ordered, jobs)
-    calls = [functools.partial(get_pool().compare_many, part, CORRECTNESS_TIMEOUT_S)
-             for part in parts]
+    cpu_s = CORRECTNESS_TIMEOUT_S * limit_scale()
+    calls = [functools.partial(get_pool().compare_many, part, cpu_s) for part in parts]
     return [functools.partial(_side_by_side, calls[k::workers])
             for k in range(min(workers, len(calls)))]
 

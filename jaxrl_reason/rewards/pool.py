@@ -8,10 +8,25 @@ The trainer submits a batch, dispatches its device work, then collects the rewar
         rewards = future.result()                     # BatchRewards
 
 A batch never stalls or crashes the caller: a component that raises scores 0 ("<name>/
-exception"), one returning NaN/inf scores 0 ("<name>/nonfinite"), and every call still
-running `timeout_s` after the batch started scores 0 ("<name>/timeout") while the batch
-returns. Python threads cannot be killed, so a thread stuck in such a call is abandoned and
-replaced by a fresh one; it exits on its own if the call ever returns.
+exception"), one returning NaN/inf scores 0 ("<name>/nonfinite"). Time limits are charged
+to each call, not to the batch, so a verdict does not depend on the machine's load or on
+its neighbours in the batch:
+
+- a call that has used `timeout_s` seconds of CPU time on its thread (the thread's own
+  clock, `time.pthread_getcpuclockid`) is abandoned and scores 0 ("<name>/timeout"): the
+  answer's own cost, a legitimate 0 (rewards that work in other processes charge those
+  processes' CPU time the same way, e.g. the math verifier's comparisons);
+- a call still running `backstop_factor * timeout_s` seconds of wall time after it started
+  (a call that makes no progress, or a machine too busy to run it) is abandoned and is
+  *unscored*: it scores 0 with the reason "<name>/unscored", counted apart from any verdict
+  (`BatchRewards.unscored`), so an evaluation can retry it and a training run can log it.
+  A reward may also return `RewardResult(0.0, "unscored")` itself (the math verifier does
+  when its own backstop passes). Every call ends within its backstop, so a batch always
+  returns.
+
+Python threads cannot be killed, so a thread stuck in an abandoned call is retired and
+replaced by a fresh one, which goes on with the batch; the old one exits on its own if the
+call ever returns.
 
 A per-completion reward may prepare a whole batch: when it has a `prefetch` attribute
 (`prefetch(completions, examples, workers=W, **options)` returning callables), the
@@ -44,9 +59,12 @@ from jaxrl_reason.rewards.base import (
     available_rewards,
     get_batch_reward,
     get_reward,
+    set_limit_scale,
 )
 
 _log = logging.getLogger(__name__)
+_POLL_S = 0.02  # how often the coordinator checks the running calls against their limits
+DEFAULT_BACKSTOP_FACTOR = 10.0  # `rewards.backstop_factor` of configs that have none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +76,22 @@ class BatchRewards:
       components: name -> [N] float32 unweighted scores of that component.
       reasons: counts of "<component>/<reason>" tags (e.g. "correctness/wrong").
       seconds: wall time the pool spent scoring the batch (host verifier time).
+      unscored: component -> bool [N], calls left without a verdict (reason "unscored":
+        the wall-clock backstop passed); their score 0 is not a verdict.
+      timed_out: component -> bool [N], calls that used up their CPU time (reason
+        "timeout").
     """
 
     total: np.ndarray
     components: dict[str, np.ndarray]
     reasons: collections.Counter
     seconds: float
+    unscored: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    timed_out: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def unscored_count(self) -> int:
+        """Calls of the batch left unscored, over all components."""
+        return sum(n for tag, n in self.reasons.items() if tag.endswith("/unscored"))
 
 
 def _score_one(
@@ -186,12 +214,12 @@ class _Batch:
         self.fns, self.completions, self.examples = fns, completions, examples
         self.size = len(completions) * len(fns)
         self.scores = np.zeros(self.size, np.float64)
-        self.reasons: list[str | None] = ["timeout"] * self.size
+        self.reasons: list[str | None] = ["unscored"] * self.size
+        self._recorded = np.zeros(self.size, bool)
         self._counter = itertools.count()
         self._lock = threading.Lock()
         self._remaining = self.size
         self.done = threading.Event()
-        self.expired = False
         self.context: tuple | None = None  # batch-reward inputs (see `_batch_inputs`)
         self.tasks: list = []  # prefetch tasks, run before the items (see `_prefetch`)
         self._task_counter = itertools.count()
@@ -199,32 +227,31 @@ class _Batch:
             self.done.set()
 
     def claim_task(self):
-        """The next unclaimed prefetch task, or None when none is left or the batch expired."""
+        """The next unclaimed prefetch task, or None when none is left."""
         index = next(self._task_counter)
-        return None if index >= len(self.tasks) or self.expired else self.tasks[index]
+        return None if index >= len(self.tasks) else self.tasks[index]
 
     def claim(self) -> int | None:
-        """The next unclaimed work index, or None when none is left or the batch expired."""
+        """The next unclaimed work index, or None when none is left."""
         index = next(self._counter)
-        return None if index >= self.size or self.expired else index
+        return None if index >= self.size else index
 
     def run(self, index: int) -> tuple[float, str | None]:
         item, comp = divmod(index, len(self.fns))
         return _score_one(self.fns[comp][1], self.completions[item], self.examples[item])
 
-    def record(self, index: int, score: float, reason: str | None) -> None:
+    def record(self, index: int, score: float, reason: str | None) -> bool:
+        """Record the result of work `index` unless one is recorded already (a call
+        abandoned at its limit keeps the pool's verdict). Returns whether it was recorded."""
         with self._lock:
-            if self.expired:
-                return
+            if self._recorded[index]:
+                return False
+            self._recorded[index] = True
             self.scores[index], self.reasons[index] = score, reason
             self._remaining -= 1
             if self._remaining == 0:
                 self.done.set()
-
-    def expire(self) -> None:
-        """Stop accepting results; unfinished work keeps its "timeout" reason and score 0."""
-        with self._lock:
-            self.expired = True
+            return True
 
 
 def _prefetch(fns: list[tuple[str, RewardFunction]], completions: list[str],
@@ -247,15 +274,17 @@ def _prefetch(fns: list[tuple[str, RewardFunction]], completions: list[str],
     return tasks
 
 
-def _prefetch_within(batch: _Batch, workers: int, timeout_s: float) -> list:
-    """`_prefetch` of `batch` on a thread of its own, waited for at most `timeout_s` (the
-    coordinator must not hang on a reward's preparation); [] when it takes longer (the
-    thread is abandoned and the calls do all the work)."""
+def _prefetch_within(batch: _Batch, workers: int, timeout_s: float, scale: float) -> list:
+    """`_prefetch` of `batch` on a thread of its own (with `limit_scale()` = `scale`), waited
+    for at most `timeout_s` of wall time (the coordinator must not hang on a reward's
+    preparation); [] when it takes longer (the thread is abandoned and the calls do all the
+    work)."""
     out: list = []
     done = threading.Event()
 
     def run() -> None:
         try:
+            set_limit_scale(scale)
             out.extend(_prefetch(batch.fns, batch.completions, batch.examples, workers))
         finally:
             done.set()
@@ -276,10 +305,43 @@ def _run_task(task) -> None:
         _log.debug("reward prefetch task failed: %r", exc, exc_info=True)
 
 
+def _thread_clock() -> int | None:
+    """The calling thread's CPU-time clock id (readable from other threads), or None where
+    the platform has none (the pool then charges wall time instead)."""
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):
+        return None
+
+
 class _WorkerState:
+    """A worker thread as the coordinator sees it: the batch it works on and the unit of
+    work it is in (`unit`: (batch, index or None for a prefetch task, wall start, CPU
+    start)), read under `lock`."""
+
     def __init__(self) -> None:
         self.current: _Batch | None = None
         self.retired = False
+        self.clock: int | None = None
+        self.unit: tuple | None = None
+        self.lock = threading.Lock()
+
+    def cpu(self) -> float:
+        """This thread's CPU time (wall time without a thread clock)."""
+        if self.clock is None:
+            return time.monotonic()
+        try:
+            return time.clock_gettime(self.clock)
+        except OSError:  # the thread has exited
+            return float("inf")
+
+    def begin(self, batch: _Batch, index: int | None) -> None:
+        with self.lock:
+            self.unit = (batch, index, time.monotonic(), self.cpu())
+
+    def end(self) -> None:
+        with self.lock:
+            self.unit = None
 
 
 class RewardPool:
@@ -295,14 +357,21 @@ class RewardPool:
       verifier: the per-completion reward that decides correctness (`ctx.correct` of batch
         rewards); it is scored (with weight 0 if unweighted) whenever a batch reward needs it.
       num_workers: worker threads (>= 1).
-      timeout_s: wall-time limit of one batch, counted from when the pool starts it
-        (batches run one after another in submission order). Size it for the batch: every
-        call not finished by then scores 0 with reason "<name>/timeout".
+      timeout_s: CPU seconds one call may use on its thread (the answer's own cost, not the
+        batch's wall time; batches run one after another in submission order). A call that
+        uses it up scores 0 with reason "<name>/timeout".
+      backstop_factor: a call still running after `backstop_factor * timeout_s` seconds of
+        wall time is abandoned as unscored ("<name>/unscored"); >= 1. The backstop also
+        bounds a batch's prefetch.
+      limit_scale: what `base.limit_scale()` returns on the pool's threads: rewards with an
+        inner limit (the math verifier's per-comparison CPU time) scale it by this (an
+        evaluation retries undecided answers in a pool with a larger one).
     """
 
     def __init__(
         self, weights: Mapping[str, float], *, options: Mapping[str, Mapping] | None = None,
-        verifier: str = "correctness", num_workers: int = 4, timeout_s: float = 5.0
+        verifier: str = "correctness", num_workers: int = 4, timeout_s: float = 5.0,
+        backstop_factor: float = DEFAULT_BACKSTOP_FACTOR, limit_scale: float = 1.0,
     ):
         if not isinstance(weights, Mapping) or not weights:
             raise ValueError(
@@ -327,7 +396,14 @@ class RewardPool:
             raise ValueError(
                 f"RewardPool: timeout_s must be a positive finite number, got {timeout_s!r}"
             )
+        for name, value in (("backstop_factor", backstop_factor),
+                            ("limit_scale", limit_scale)):
+            if not _is_real(value) or not math.isfinite(value) or not value >= 1:
+                raise ValueError(
+                    f"RewardPool: {name} must be a finite number >= 1, got {value!r}")
         self.num_workers, self.timeout_s = num_workers, float(timeout_s)
+        self.backstop_s = float(backstop_factor) * self.timeout_s
+        self.limit_scale = float(limit_scale)
         self.abandoned_threads = 0
         self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self._pending: queue.SimpleQueue[tuple[_Batch, Future] | None] = queue.SimpleQueue()
@@ -423,25 +499,32 @@ class RewardPool:
 
     # ------------------------------------------------------------------------- threads
 
-    def _start_worker(self) -> None:
+    def _start_worker(self) -> _WorkerState:
         state = _WorkerState()
         self._workers.append(state)
         threading.Thread(
             target=self._work, args=(state,), name="reward-pool-worker", daemon=True
         ).start()
+        return state
 
     def _work(self, state: _WorkerState) -> None:
+        state.clock = _thread_clock()
+        set_limit_scale(self.limit_scale)
         while True:
             batch = self._jobs.get()
             if batch is None:
                 return
             state.current = batch
             while (task := batch.claim_task()) is not None:
+                state.begin(batch, None)
                 _run_task(task)
+                state.end()
                 if state.retired:
                     return
             while (index := batch.claim()) is not None:
+                state.begin(batch, index)
                 score, reason = batch.run(index)
+                state.end()
                 batch.record(index, score, reason)
                 if state.retired:
                     return
@@ -453,27 +536,64 @@ class RewardPool:
             if not future.set_running_or_notify_cancel():
                 continue
             start = time.perf_counter()
-            batch.tasks = _prefetch_within(batch, self.num_workers, self.timeout_s)
+            batch.tasks = _prefetch_within(batch, self.num_workers, self.backstop_s,
+                                           self.limit_scale)
             for _ in range(self.num_workers):
                 self._jobs.put(batch)
-            if not batch.done.wait(max(0.0, self.timeout_s - (time.perf_counter() - start))):
-                batch.expire()
-                self._replace_stuck(batch)
+            self._watch(batch)
             try:
                 future.set_result(self._collect(batch, time.perf_counter() - start))
             except Exception as exc:
                 future.set_exception(exc)
 
-    def _replace_stuck(self, batch: _Batch) -> None:
-        with self._lock:
-            for state in list(self._workers):
-                if state.current is batch:
+    def _watch(self, batch: _Batch) -> None:
+        """Wait for `batch`, abandoning every call that passes its CPU limit ("timeout") or
+        its wall-clock backstop ("unscored"), and every prefetch task that passes the
+        backstop; a replacement thread takes up the batch."""
+        abandoned: collections.Counter = collections.Counter()
+        while not batch.done.wait(_POLL_S):
+            now = time.monotonic()
+            with self._lock:
+                states = list(self._workers)
+            for state in states:
+                with state.lock:
+                    unit = state.unit
+                    if unit is None or unit[0] is not batch:
+                        continue
+                    _, index, wall0, cpu0 = unit
+                    used, waited = state.cpu() - cpu0, now - wall0
+                    if index is None:
+                        reason = "backstop" if waited > self.backstop_s else None
+                    elif used > self.timeout_s:
+                        reason = "timeout"
+                    elif waited > self.backstop_s:
+                        reason = "unscored"
+                    else:
+                        reason = None
+                    if reason is None:
+                        continue
+                    state.unit = None
                     state.retired = True
-                    self._workers.remove(state)
-                    self.abandoned_threads += 1
-                    self._start_worker()
-        _log.warning("reward batch hit its %.1fs timeout; %d thread(s) abandoned so far",
-                     self.timeout_s, self.abandoned_threads)
+                if index is not None:
+                    batch.record(index, 0.0, reason)
+                abandoned[reason] += 1
+                self._replace(state, batch)
+        if abandoned:
+            _log.warning(
+                "reward batch: abandoned %d call(s) at their %.1fs CPU limit, %d at the "
+                "%.1fs wall-clock backstop (unscored), %d prefetch task(s); %d thread(s) "
+                "abandoned so far", abandoned["timeout"], self.timeout_s,
+                abandoned["unscored"], self.backstop_s, abandoned["backstop"],
+                self.abandoned_threads)
+
+    def _replace(self, state: _WorkerState, batch: _Batch) -> None:
+        """Retire a worker stuck in `batch` and start a fresh one on the batch's rest."""
+        with self._lock:
+            if state in self._workers:
+                self._workers.remove(state)
+                self.abandoned_threads += 1
+                self._start_worker()
+                self._jobs.put(batch)
 
     def _collect(self, batch: _Batch, seconds: float) -> BatchRewards:
         n, c = len(batch.completions), len(batch.fns)
@@ -490,8 +610,13 @@ class RewardPool:
         total = np.zeros(n, np.float64)
         for name, values in components.items():
             total += self._weights[name] * values.astype(np.float64)
+        tags = np.array([r or "" for r in batch.reasons], object).reshape(n, c) \
+            if n * c else np.zeros((n, c), object)
+        unscored = {name: tags[:, k] == "unscored" for k, (name, _) in enumerate(batch.fns)}
+        timed_out = {name: tags[:, k] == "timeout" for k, (name, _) in enumerate(batch.fns)}
         return BatchRewards(total=total.astype(np.float32), components=components,
-                            reasons=reasons, seconds=seconds)
+                            reasons=reasons, seconds=seconds, unscored=unscored,
+                            timed_out=timed_out)
 
     def _batch_components(self, batch: _Batch, components: dict[str, np.ndarray],
                           reasons: collections.Counter) -> dict[str, np.ndarray]:
@@ -529,14 +654,16 @@ def config_options(config) -> dict[str, dict]:
 
 def make_reward_pool(config) -> RewardPool:
     """The RL reward pool of a run config: `rewards.weights`, `rewards.options`, the task's
-    verifier, `rewards.num_workers`, `rewards.timeout_s`. Imports `rewards.modules` first so
+    verifier, `rewards.num_workers`, `rewards.timeout_s`, `rewards.backstop_factor`. Imports `rewards.modules` first so
     that user rewards they register (`@register_reward`) can be named in the weights."""
     from jaxrl_reason.data.tasks import task_verifier  # data imports nothing from rewards
 
     import_reward_modules(config.rewards.get("modules", ()))
     return RewardPool(dict(config.rewards.weights), options=config_options(config),
                       verifier=task_verifier(config), num_workers=config.rewards.num_workers,
-                      timeout_s=config.rewards.timeout_s)
+                      timeout_s=config.rewards.timeout_s,
+                      backstop_factor=config.rewards.get("backstop_factor",
+                                                         DEFAULT_BACKSTOP_FACTOR))
 
 
 _IMPORTED_PATHS: set[str] = set()

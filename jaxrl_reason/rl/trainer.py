@@ -539,11 +539,15 @@ class RLTrainer:
                 **got.metrics, **got.times}
 
     def _rollout_metrics(self, rewards, host, examples=()) -> dict[str, float]:
-        """Batch means of rewards, lengths and verdicts; for a task mixture also per domain
-        (`accuracy/<domain>`, `reward/<domain>`, `length/<domain>`, `frac/<domain>`)."""
+        """Batch means of rewards, lengths and verdicts; `rewards/unscored`, the reward calls
+        the pool's wall-clock backstop left without a verdict (scored 0, not wrong); for a
+        task mixture also per domain (`accuracy/<domain>`, `reward/<domain>`,
+        `length/<domain>`, `frac/<domain>`)."""
         zero_variance = zero_variance_groups(rewards.total, self.rl.num_generations)
         lengths = host["lengths"]
         out = {
+            "rewards/unscored": float(sum(count for tag, count in rewards.reasons.items()
+                                          if tag.endswith("/unscored"))),
             "reward/mean": float(np.mean(rewards.total)),
             "reward/std": float(np.std(rewards.total)),
             "frac_zero_variance_groups": float(np.mean(zero_variance)),

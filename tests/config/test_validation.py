@@ -24,3 +24,19 @@ def test_validate_config_mesh_that_does_not_fit():
     config.mesh.data = 3
     problems = validate_config(config, 8)
     assert problems and all(p.startswith("mesh:") for p in problems), problems
+
+
+def test_verdict_limits_are_checked_and_optional():
+    """The reward pool's backstop and evaluation's retry and unscored share: a bad value is
+    named by its key; a config without them (older ones) is valid."""
+    config = load_config(ARITH)
+    config.rewards.backstop_factor = 0.5
+    config.eval.retry_limit_factor = float("nan")
+    config.eval.max_unscored_share = 1.5
+    problems = validate_config(config, 8)
+    for key in ("rewards.backstop_factor", "eval.retry_limit_factor",
+                "eval.max_unscored_share"):
+        assert any(p.startswith(key + ":") for p in problems), (key, problems)
+    del config.rewards["backstop_factor"]
+    del config.eval["retry_limit_factor"], config.eval["max_unscored_share"]
+    assert validate_config(config, 8) == []

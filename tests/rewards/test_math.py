@@ -202,9 +202,9 @@ def test_unboxed_answer_read_alike_skips_the_second_extraction(monkeypatch):
     pool = get_pool()
     real = type(pool).compare
 
-    def spy(self, a, b, mode, atol, timeout_s, options=None):
+    def spy(self, a, b, mode, atol, timeout_s, options=None, **limits):
         calls.append((options or {}).get("completion"))
-        return real(self, a, b, mode, atol, timeout_s, options)
+        return real(self, a, b, mode, atol, timeout_s, options, **limits)
 
     monkeypatch.setattr(type(pool), "compare", spy)
     reward = get_reward("correctness")

@@ -1,14 +1,16 @@
-"""Tests for RewardPool: weighting, failure handling, timeouts, concurrency."""
+"""Tests for RewardPool: weighting, failure handling, limits, concurrency."""
 import os
 import threading
 import time
 
 import numpy as np
 import pytest
+from busy_cpu import saturated
 
 from jaxrl_reason.rewards import BatchRewards, RewardPool, RewardResult, register_reward
 
 _RELEASE = threading.Event()  # lets the hung test component finish at the end of the test
+_STOP_SPIN = threading.Event()  # ends the endless CPU burner at the end of its test
 
 
 @register_reward("_test_len")
@@ -38,6 +40,27 @@ def _hangs(completion, example):
     if completion == "hang":
         _RELEASE.wait(30.0)
     return 1.0
+
+
+@register_reward("_test_burn")
+def _burn(completion, example):
+    """"burn:X" spends X seconds of this thread's CPU time, "spin" spins until told to stop
+    (or 30 s of CPU), anything else answers at once; each scores 1."""
+    if completion == "spin":
+        limit = 30.0
+    elif completion.startswith("burn:"):
+        limit = float(completion[5:])
+    else:
+        return 1.0
+    end = time.thread_time() + limit
+    while time.thread_time() < end and not (completion == "spin" and _STOP_SPIN.is_set()):
+        pass
+    return 1.0
+
+
+@register_reward("_test_unscored")
+def _says_unscored(completion, example):
+    return RewardResult(0.0, "unscored") if completion == "?" else RewardResult(1.0)
 
 
 @register_reward("_test_slow")
@@ -83,24 +106,58 @@ def test_exceptions_nonfinite_and_bad_types_score_zero():
     assert out.reasons["_test_wrong_type/exception"] == 4
 
 
-def test_hung_component_times_out_and_pool_keeps_working():
+def test_hung_component_is_unscored_at_the_backstop_and_pool_keeps_working():
+    """A call that waits (no CPU) is abandoned at the wall-clock backstop as unscored, not
+    as a timeout; the others of its batch are scored."""
     texts = ["a", "hang", "b", "hang", "c"]
     try:
         weights = {"_test_hangs": 1.0, "_test_len": 1.0}
-        with RewardPool(weights, num_workers=2, timeout_s=0.5) as pool:
+        with RewardPool(weights, num_workers=2, timeout_s=0.5, backstop_factor=1) as pool:
             start = time.monotonic()
             out = pool.score(texts, _examples(5))
             elapsed = time.monotonic() - start
-            assert elapsed < 1.5
-            assert out.reasons["_test_hangs/timeout"] >= 2
-            assert out.components["_test_hangs"][[1, 3]].tolist() == [0.0, 0.0]
-            assert pool.abandoned_threads >= 1
+            assert elapsed < 2.5
+            assert out.reasons["_test_hangs/unscored"] == 2
+            assert "_test_hangs/timeout" not in out.reasons
+            assert out.unscored["_test_hangs"].tolist() == [False, True, False, True, False]
+            assert not out.unscored["_test_len"].any() and out.unscored_count() == 2
+            assert out.components["_test_hangs"].tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+            assert pool.abandoned_threads == 2
             # The replacement threads score the next batch normally.
             again = pool.score(["a", "b"], _examples(2))
             np.testing.assert_allclose(again.total, [2.0, 2.0])
             assert not again.reasons
     finally:
         _RELEASE.set()
+
+
+def test_cpu_limit_is_charged_to_each_call_not_the_batch():
+    """Per-call CPU time, not the batch's wall time: honest answers queued behind several
+    slow-but-under-limit neighbours (together far over the limit) on one thread all score
+    1, on a machine saturated by busy processes too; only the call that uses up its own
+    CPU time is a timeout (and it is not unscored). The old batch deadline of `timeout_s`
+    seconds of wall time scored everything after the first 0.5 s as 0."""
+    texts = ["burn:0.3"] * 4 + ["ok"] * 3 + ["spin"] + ["ok"] * 2
+    try:
+        with saturated(4), RewardPool({"_test_burn": 1.0}, num_workers=1,
+                                      timeout_s=0.5) as pool:
+            out = pool.score(texts, _examples(len(texts)))
+    finally:
+        _STOP_SPIN.set()
+    expected = [1.0] * 10
+    expected[7] = 0.0
+    assert out.total.tolist() == expected
+    assert out.reasons == {"_test_burn/timeout": 1}
+    assert out.timed_out["_test_burn"].tolist() == [i == 7 for i in range(10)]
+    assert not out.unscored["_test_burn"].any()
+    assert out.seconds > 0.5 * 4  # far beyond what the old batch deadline allowed
+
+
+def test_a_reward_may_report_unscored_itself():
+    with RewardPool({"_test_unscored": 1.0}, num_workers=2) as pool:
+        out = pool.score(["a", "?", "b"], _examples(3))
+    assert out.unscored["_test_unscored"].tolist() == [False, True, False]
+    assert out.reasons == {"_test_unscored/unscored": 1} and out.unscored_count() == 1
 
 
 def test_submit_returns_at_once_and_runs_concurrently():
@@ -134,6 +191,11 @@ def test_bad_arguments():
         RewardPool({"_test_len": 1.0}, num_workers=0)
     with pytest.raises(ValueError, match="timeout_s"):
         RewardPool({"_test_len": 1.0}, timeout_s=0)
+    for bad in (0.5, float("inf"), True, "2"):
+        with pytest.raises(ValueError, match="backstop_factor"):
+            RewardPool({"_test_len": 1.0}, backstop_factor=bad)
+        with pytest.raises(ValueError, match="limit_scale"):
+            RewardPool({"_test_len": 1.0}, limit_scale=bad)
     pool = RewardPool({"_test_len": 1.0}, num_workers=1)
     with pytest.raises(ValueError, match="2 completions but 1 examples"):
         pool.submit(["a", "b"], _examples(1))

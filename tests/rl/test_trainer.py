@@ -122,6 +122,30 @@ def test_step_metrics_cover_the_readme_and_are_finite(kl_run):
         assert metrics["reward/std"] >= 0 and metrics["entropy"] > 0
         assert metrics["ratio_mean"] == 1.0  # num_iterations = 1: exp(logp - sg(logp)), exact
         assert all(metrics[k] >= 0 for k in ("time/sample_s", "time/score_s", "time/train_s"))
+        assert metrics["rewards/unscored"] == 0.0  # every reward call got a verdict
+
+
+def test_rollout_metrics_count_unscored_reward_calls():
+    """`rewards/unscored` counts the calls the pool's backstop left without a verdict, over
+    all components, apart from wrong answers and CPU timeouts."""
+    import collections
+    import types
+
+    from jaxrl_reason.rewards import BatchRewards
+    from jaxrl_reason.rl.trainer import RLTrainer
+
+    rewards = BatchRewards(
+        total=np.zeros(4, np.float32),
+        components={"correctness": np.zeros(4, np.float32)},
+        reasons=collections.Counter({"correctness/unscored": 2, "format_strict/unscored": 1,
+                                     "correctness/wrong": 1, "correctness/timeout": 1}),
+        seconds=0.0)
+    host = {"lengths": np.array([3, 4, 5, 6]), "truncated": np.zeros(4, bool)}
+    fake = types.SimpleNamespace(rl=types.SimpleNamespace(num_generations=2),
+                                 verifier="correctness")
+    metrics = RLTrainer._rollout_metrics(fake, rewards, host)
+    assert metrics["rewards/unscored"] == 3.0
+    assert metrics["accuracy"] == 0.0
 
 
 # ----------------------------------------------------------------------------- num_iterations

@@ -273,11 +273,12 @@ def test_batch_reply_must_list_one_valid_verdict_per_comparison():
     assert _sympy_worker._reply(b'{"id": 4, "r": "u"}', 4) is None  # not for one comparison
 
 
-def _batch(monkeypatch, judge, n: int, t: float = 5.0) -> list:
-    """`run_batch_job` over n items whose comparison is `judge(a)` (a = "0".."n-1")."""
+def _batch(monkeypatch, judge, n: int, t: float = 5.0, w: float = 50.0) -> list:
+    """`run_batch_job` over n items whose comparison is `judge(a)` (a = "0".."n-1"), each
+    allowed `t` seconds of CPU time and `w` of wall time."""
     monkeypatch.setattr(_sympy_child, "compare", lambda a, *_: judge(a))
     items = [{"a": str(i), "b": "x", "mode": "mv", "atol": 0.0, "o": None} for i in range(n)]
-    verdicts, pid = _sympy_child.run_batch_job({"batch": items, "t": t})
+    verdicts, pid = _sympy_child.run_batch_job({"batch": items, "t": t, "w": w})
     _sympy_child.end_job(pid, own_pid_ns=False)
     return verdicts
 
@@ -292,16 +293,36 @@ def test_batch_job_answers_each_comparison_in_order(monkeypatch):
 
 
 def test_a_slow_comparison_leaves_the_rest_undecided(monkeypatch):
-    """The comparison that overruns its time is a timeout; the later ones are "u" (the pool
-    runs them singly), so a slow answer cannot time out its neighbours."""
+    """The comparison that uses up its CPU time is a timeout (the kernel kills the job);
+    the later ones are "u" (the pool runs them singly), so a slow answer cannot time out its
+    neighbours."""
+    def judge(a):
+        if a == "1":
+            while True:
+                pass
+        return True
+
+    start = time.monotonic()
+    assert _batch(monkeypatch, judge, 4, t=0.5) == [True, None, "u", "u"]
+    assert time.monotonic() - start < 5.0
+
+
+def test_a_stalled_comparison_is_undecided_at_the_wall_backstop(monkeypatch):
+    """A comparison that uses no CPU (here it sleeps; on a machine too busy to run it, it
+    would wait) is not a timeout: at the wall-clock backstop it and the rest are "u", and a
+    single request says "w" (unscored)."""
     def judge(a):
         if a == "1":
             time.sleep(30)
         return True
 
     start = time.monotonic()
-    assert _batch(monkeypatch, judge, 4, t=0.5) == [True, None, "u", "u"]
+    assert _batch(monkeypatch, judge, 4, t=0.5, w=1.0) == [True, "u", "u", "u"]
     assert time.monotonic() - start < 5.0
+    result, pid = _sympy_child.run_job({"a": "1", "b": "x", "mode": "mv", "atol": 0.0,
+                                        "o": None, "t": 0.5, "w": 1.0})
+    _sympy_child.end_job(pid, own_pid_ns=False)
+    assert result == "w"
 
 
 @pytest.mark.parametrize("error", [MemoryError, RecursionError])
