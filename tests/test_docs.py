@@ -235,21 +235,40 @@ def test_tests_mirror_the_package():
 
 
 def test_readme_verifier_accuracy_is_the_json_of_its_command():
-    """The README's verifier accuracies (ours, math-verify alone, the previous verifier) are
-    those of docs/verifier_accuracy.json, which the command named beside them wrote."""
+    """The README's verifier figures are those of docs/verifier_accuracy.json, which the
+    command named beside them wrote: on upstream labels (all, and without the disputed
+    ones), ours beside math-verify alone; our own cases as a separate figure; the count of
+    conventions, which are not scored."""
     data = json.loads((ROOT / "docs" / "verifier_accuracy.json").read_text())
     text = " ".join(README.read_text().split())
     assert data["command"] in text
-    results = data["results"]
-    old = next(name for name in results if name.startswith("old"))
-    figures = [f"{100 * results[name]['main']['accuracy']:.1f}%"
-               for name in ("ours", "math-verify alone", old)]
-    sentence = re.search(r"right on ([\d.]+%) of a regression suite of (\d+) labelled public "
-                         r"cases, against ([\d.]+%) for math-verify alone and ([\d.]+%) for "
-                         r"the previous verifier", text)
-    assert sentence, "README has no verifier accuracy sentence"
-    assert [sentence.group(1), sentence.group(3), sentence.group(4)] == figures
-    assert int(sentence.group(2)) == results["ours"]["main"]["n"]
+    ours, alone = data["results"]["ours"], data["results"]["math-verify alone"]
+
+    def pct(group: dict) -> str:
+        return f"{100 * group['accuracy']:.1f}%"
+
+    upstream = re.search(r"scored against upstream's own labels on the (\d+) public cases of "
+                         r"Math-Verify's test files, is right on ([\d.]+%) \((\d+)\), against "
+                         r"([\d.]+%) \((\d+)\) for math-verify alone", text)
+    assert upstream, "README has no verifier accuracy on upstream labels"
+    assert upstream.groups() == (
+        str(ours["upstream"]["n"]), pct(ours["upstream"]), str(ours["upstream"]["correct"]),
+        pct(alone["upstream"]), str(alone["upstream"]["correct"]))
+    disputed = len(data["disputed"])
+    undisputed = re.search(r"on the other (\d+) both are right on ([\d.]+%)", text)
+    assert disputed == 1 and undisputed, "README must state the disputed label(s)"
+    assert undisputed.groups() == (str(ours["upstream_undisputed"]["n"]),
+                                   pct(ours["upstream_undisputed"]))
+    assert pct(alone["upstream_undisputed"]) == undisputed.group(2)
+    assert ours["upstream"]["correct"] >= alone["upstream"]["correct"] - disputed
+    our_cases = re.search(r"On the (\d+) cases we wrote ourselves, a separate row, it is right "
+                          r"on ([\d.]+%) against ([\d.]+%) for math-verify alone", text)
+    assert our_cases, "README has no accuracy on our own cases"
+    assert our_cases.groups() == (str(ours["ours"]["n"]), pct(ours["ours"]), pct(alone["ours"]))
+    conventions = re.search(r"The (\d+) upstream cases whose verdict is a convention we chose",
+                            text)
+    assert conventions and int(conventions.group(1)) == len(data["conventions"])
+    assert all(c["ours"] is c["convention_verdict"] for c in data["conventions"])
 
 
 _FROM = re.compile(r"\bfrom\s+(jaxrl_reason(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n`#;\"')\\]+)")

@@ -192,7 +192,7 @@ def _extract_loose(text: str) -> str | None:
             answer = inner.group(1)
         answer = re.split(r"\.\s", answer, maxsplit=1)[0]
         answer = re.split(r"\s(?:is|are|was|equals)\s", answer)[-1]  # "The largest $n$ is 34"
-        answer = answer.strip().rstrip(".").strip()
+        answer = _prose_number(answer.strip().rstrip(".").strip())
         if answer:
             return answer
     span = None
@@ -210,6 +210,24 @@ def _extract_loose(text: str) -> str | None:
         return next(g for g in span.groups() if g is not None).strip() or None
     return number.group(0)
 
+
+_PROSE_CHARS = 200  # of a final-answer statement that `_prose_number` looks at
+
+
+def _prose_number(answer: str) -> str:
+    """A final-answer statement that is a sentence (two prose words or more, no math
+    delimiter or LaTeX command) with exactly one number reads as that number ("Jane started
+    growing Sphere 3 hours ago" -> "3", as math-verify's anchored number extraction reads
+    it); any other statement is returned as it is. Looks at the first `_PROSE_CHARS`
+    characters only."""
+    head = answer[:_PROSE_CHARS]
+    if len(answer) > _PROSE_CHARS or "$" in head or "\\" in head:
+        return answer
+    words = itertools.islice(_PROSE_WORD.finditer(head), 2)
+    numbers = list(itertools.islice(_NUMBER.finditer(head), 2))
+    if len(list(words)) < 2 or len(numbers) != 1:
+        return answer
+    return numbers[0].group(0)
 
 
 _BARE_LINE = re.compile(r"[\w\\{}()\[\],;+\-*/^=.:<>|!% ]{1,200}")
@@ -336,7 +354,10 @@ def _parent_verdict(pred: Any, gold: Any, options: dict | None = None,
         if p == g:
             return "equal"
         if latex.INT_RE.fullmatch(p) and latex.INT_RE.fullmatch(g) and len(p) + len(g) < 800:
-            return "equal" if int(p) == int(g) else "different"
+            if int(p) == int(g):
+                return "equal"
+            if completion is None:
+                return "different"
         if len(p) > _MAX_INPUT_CHARS or len(g) > _MAX_INPUT_CHARS:
             return "different"
         p, g = _fold(p), _fold(g)
@@ -364,18 +385,38 @@ def _unwrap(text: str) -> str:
 
 def _read_alike(final: str, pred: str) -> bool:
     r"""Whether math-verify's own extraction of the completion's `final` part would read the
-    answer we extracted, `pred`: a `\boxed{}` or an answer tag (both read the box or the
-    tag), or `pred` is the last math span of `final` with no digit, backslash or `$` after
-    it (math-verify's LaTeX extraction takes that span too). Then a second parse of the
-    completion in the worker cannot change the verdict and is skipped."""
-    if "\\boxed" in final or "\\fbox" in final or "</answer>" in final:
+    answer we extracted, `pred`: an answer tag, or a single `\boxed{}` with no "final answer
+    ... is" statement after it (math-verify prefers such a statement to a box, and joins the
+    boxes of several spans), or `pred` is the last math span of `final` with no digit,
+    backslash or `$` after it (math-verify's LaTeX extraction takes that span too). Then a
+    second parse of the completion in the worker cannot change the verdict and is skipped."""
+    if "</answer>" in final:
         return True
+    boxes = final.count("\\boxed") + final.count("\\fbox")
+    if boxes:
+        box = max(final.rfind("\\boxed"), final.rfind("\\fbox"))
+        return boxes == 1 and not _final_answer_is(final[box:])
     last = None
     for last in _MATH_SPAN.finditer(final):
         pass
     if last is None or re.search(r"[\d\\$]", final[last.end():]):
         return False
     return _unwrap(last.group(0)) == _unwrap(pred.strip())
+
+
+def _final_answer_is(text: str) -> bool:
+    """Whether `text` has math-verify's "final answer ... is" anchor: "final answer"
+    (any case) with " is" within the next 100 characters. Linear: one `str.find` per
+    occurrence."""
+    lower = text.lower()
+    start = lower.find("final answer")
+    while start >= 0:
+        end = start + len("final answer")
+        window = lower[end:end + 104]
+        if any(window.find(ws + "is", 0, 102) >= 0 for ws in (" ", "\n", "\t")):
+            return True
+        start = lower.find("final answer", end)
+    return False
 
 
 def _compare_numbers(a: str, b: str, a_pct: bool, b_pct: bool) -> Verdict | None:
@@ -483,11 +524,13 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     0.0: "no_answer" (nothing extractable), "wrong", "timeout" (the comparison used up its
     CPU time, CORRECTNESS_TIMEOUT_S times the pool's `limit_scale()`), "unscored" (not
     decided within the wall-clock backstop: the machine, not the answer). Raises
-    ValueError when `example` has no "answer" or an option is invalid. A completion without `\\boxed{}` or an answer tag also goes to
-    math-verify's own extraction in the same job, so an answer that our extraction and the
-    library read differently counts when either matches (a box or tag is read alike by
-    both, and skipping the second parse keeps the verdict fast). In a `RewardPool`, the
-    batch is first prepared by `correctness_prefetch` (the `prefetch` attribute).
+    ValueError when `example` has no "answer" or an option is invalid. A completion that
+    our extraction and math-verify's may read differently (anything but an answer tag, a
+    lone `\\boxed{}` without a "final answer ... is" statement after it, or a final math
+    span: `_read_alike`) also goes to math-verify's own extraction in the same job, so an
+    answer counts when either reading matches (skipping the second parse where both read
+    alike keeps the verdict fast). In a `RewardPool`, the batch is first prepared by
+    `correctness_prefetch` (the `prefetch` attribute).
     """
     opts = verifier_options(float_rounding=float_rounding, numeric_precision=numeric_precision,
                             strict=strict, targets=tuple(targets), set_relation=set_relation)
