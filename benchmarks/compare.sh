@@ -43,8 +43,30 @@ result_line() {  # result_line LOG -> the last RESULT_JSON payload of LOG (or no
   grep '^RESULT_JSON ' "$1" | tail -1 | cut -d' ' -f2- || true
 }
 
+# Figures are taken on cores that run nothing else: before each run, wait (up to
+# QUIET_WAIT_S) for the 1-minute load average to fall to MAX_LOAD per core this script may
+# use (`nproc`: 1 under `taskset -c 1`), and refuse the whole comparison if it does not.
+# FORCE_LOADED=1 runs anyway (the load is still recorded with every result).
+MAX_LOAD=${MAX_LOAD:-1.5}
+QUIET_WAIT_S=${QUIET_WAIT_S:-240}
+wait_quiet() {  # wait_quiet TAG -> returns when quiet; exits 3 when it stays loaded
+  [[ $QUICK == 1 || ${FORCE_LOADED:-0} == 1 ]] && return 0
+  local limit waited=0
+  limit=$(awk -v m="$MAX_LOAD" -v c="$(nproc)" 'BEGIN { print m * c }')
+  until awk -v l="$(cut -d' ' -f1 /proc/loadavg)" -v x="$limit" 'BEGIN { exit !(l <= x) }'; do
+    if (( waited >= QUIET_WAIT_S )); then
+      echo "compare.sh: refusing $1: load average $(cut -d' ' -f1-3 /proc/loadavg) stayed" \
+           "above $limit ($MAX_LOAD x $(nproc) usable cores) for ${QUIET_WAIT_S}s;" \
+           "stop what else runs, or FORCE_LOADED=1" >&2
+      exit 3
+    fi
+    sleep 10; waited=$((waited + 10))
+  done
+}
+
 run() {  # run TAG CMD... -> $OUT/TAG.log and $OUT/TAG.json
   local tag=$1 t0=$SECONDS rc=0 load0; shift
+  wait_quiet "$tag"
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
   "$@" > "$OUT/$tag.log" 2>&1 || rc=$?
   echo "$tag $load0 $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/loadavg.txt"
@@ -194,17 +216,27 @@ for m in ("bench-tiny", "bench-small"):
               + f"; compile {r['compile_s']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB, "
               f"load {r['loadavg_start']} -> {r['loadavg_end']}")
 if lt:
-    print(f"ours long_tail bench-tiny: slot refill, {lt['slots']} slots, refill every "
-          f"{lt['refill_every']} steps: occupancy {100 * lt['slot_occupancy']:.1f}% (static "
+    print(f"ours long_tail bench-tiny: rows stop by {lt.get('stops', 'budget')}, queue "
+          f"{lt.get('queue', 'longest_first')}; slot refill, {lt['slots']} slots "
+          f"({lt.get('slots_rule', '--slots')}) shrinking through {lt.get('slot_levels')}, "
+          f"refill every {lt['refill_every']} steps: occupancy {100 * lt['slot_occupancy']:.1f}% (static "
           f"{100 * lt['static_slot_occupancy']:.1f}%), KV cache "
           f"{lt['kv_cache_bytes'] / 2**20:.1f} MiB (static "
           f"{lt['static_kv_cache_bytes'] / 2**20:.1f} MiB), {lt['useful_tokens']} useful "
           f"tokens in {lt['median_s']:.2f} s (static {lt['static_median_s']:.2f} s)")
+    known = lt.get("budgets_known_in_advance")
+    if known:
+        print(f"ours long_tail bench-tiny with per-row budgets known in advance (queue "
+              f"{known['queue']}; not what an RL step knows): {known['useful_tok_s']:,.0f} "
+              f"useful tok/s, {known['speedup_vs_static']:.2f}x our static batch, occupancy "
+              f"{100 * known['slot_occupancy']:.1f}%")
     for name, tag in LONG_TAIL_ANCHORS:
         a = anchor(tag)
         if a:
+            best = (f" (best of requests per batch {[p.get('max_requests_per_batch') for p in a['sweep']]}"
+                    f": {a.get('max_requests_per_batch')})" if a.get("sweep") else "")
             print(f"anchor long_tail {name}: {a['useful_tok_s']:,.0f} useful tok/s, median "
-                  f"{a['median_s']:.2f} s")
+                  f"{a['median_s']:.2f} s{best}, {a.get('backend', '')}")
 loadavg_txt = os.path.join(out, "loadavg.txt")
 if os.path.exists(loadavg_txt):  # every run's 1/5/15-min load average, before -> after
     print("load: " + "; ".join(f"{t[0]} {' '.join(t[1:4])} -> {' '.join(t[4:7])}"
@@ -270,7 +302,8 @@ if lt:
            ("Tunix (static)", "HF continuous batching", "ours static")}
     targets = (("Tunix (static)", "Tunix", 8), ("HF continuous batching", "HF CB", 5),
                ("ours static", "our static", 3))
-    parts.append("long_tail " + ", ".join(
+    parts.append(f"long_tail (stops {lt.get('stops', 'budget')}, queue "
+                 f"{lt.get('queue', 'longest_first')}) " + ", ".join(
         f"{got[k]:.2f}x {label} {'OK' if got[k] >= t else 'MISS'}(>={t})"
         for k, label, t in targets if got[k] is not None)
         + f", occupancy {100 * lt['slot_occupancy']:.1f}% "

@@ -57,6 +57,8 @@ import roofline  # noqa: E402
 from jaxrl_reason import models
 from jaxrl_reason.runtime import sharding as shd  # noqa: E402
 from jaxrl_reason.models.transformer import Transformer  # noqa: E402
+from jaxrl_reason.sampling import filters  # noqa: E402
+from jaxrl_reason.sampling import refill as refill_mod  # noqa: E402
 from jaxrl_reason.sampling.sampler import Sampler  # noqa: E402
 
 WORKLOAD = {"n_prompts": 16, "samples_per_prompt": 8, "prompt_len": 32, "new_tokens": 128,
@@ -278,76 +280,138 @@ def long_tail_workload(spec: dict | None, quick: bool) -> tuple[dict, np.ndarray
     return w, lengths
 
 
+def replay_point(lengths, slots: int, every: int, min_slots: int, shards: int) -> dict:
+    """`refill.replay`'s row-order schedule of int `lengths` [N] at `slots` slots: decode
+    steps, slot-steps and occupancy, with and without shrinking (ints and floats)."""
+    out = {"slots": slots}
+    for key, levels in (("shrink", refill_mod.slot_levels(slots, shards, min_slots)),
+                        ("no_shrink", None)):
+        schedule = refill_mod.replay(lengths, slots, every, levels)
+        slot_steps = sum(s[0] for s in schedule)
+        out[key] = {"decode_steps": len(schedule), "slot_steps": slot_steps,
+                    "occupancy": round((int(np.sum(lengths)) - len(lengths)) / slot_steps, 4)}
+    return out
+
+
 def long_tail(name: str, args) -> dict:
-    """Slot refill against our static batch on the long-tail lengths, one invocation."""
+    """Slot refill against our static batch on the long-tail lengths, one invocation.
+
+    Every row stops the way an RL row stops: by emitting the spec's stop id, at its seeded
+    length (`filters.stop_schedule` on the logits inside the decode step); every row has the
+    same budget (max_new_tokens), so the queue is in row order, as in `RLTrainer`. A third
+    system, labelled "budgets known in advance", gives each row its length as its budget
+    (rows queued longest first): what a user who sets per-row budgets gets."""
     spec = args.spec_data
     roofline.check_preset_matches_spec(name, spec)
     w, lengths = long_tail_workload(spec, args.quick)
     g, max_len = w["samples_per_prompt"], w["max_new_tokens"]
-    cfg, params, static = build(name, args.cache_dtype, args.decode_stages, args.devices)
+    stop = int(spec["special_tokens"]["eos"])
+    cfg, params, base = build(name, args.cache_dtype, args.decode_stages, args.devices)
     prompts = prompt_ids(cfg.vocab_size, w["n_prompts"], w["prompt_len"])
     valid = np.ones_like(prompts, bool)
     rows, useful = len(lengths), int(lengths.sum())
+    slots = args.slots
     sampling = {k: w[k] for k in ("temperature", "top_p", "top_k")}
+    mesh, rules = base.mesh, base.rules
 
-    def refill_sampler(every):
-        return Sampler(static.model, eos_id=-1, pad_id=0, cache_dtype=static.cache_dtype,
-                       mesh=static.mesh, rules=static.rules, max_num_seqs=args.slots,
-                       refill_every=every)
+    def make(refill: bool, budgets: bool, every: int = args.refill_every) -> Sampler:
+        # With budgets: no stop id (-1 never occurs), each row ends at its budget.
+        return Sampler(Transformer(cfg), eos_id=-1 if budgets else stop, pad_id=0, mesh=mesh,
+                       rules=rules,
+                       cache_dtype=None if args.cache_dtype in (None, "none")
+                       else jnp.dtype(args.cache_dtype),
+                       decode_stages=args.decode_stages, max_num_seqs=slots if refill else 0,
+                       refill_every=every, min_slots=args.min_slots,
+                       logits_processor=None if budgets else filters.stop_schedule(lengths, stop))
 
-    def call(sampler):
-        """One timed call (it blocks on the output); seconds."""
+    systems = {"refill": make(True, False), "static": make(False, False),
+               "refill_budgets": make(True, True)}
+    if args.no_budgets_row:
+        del systems["refill_budgets"]
+    seeds = [0]
+
+    def call(key):
+        """One timed call of system `key` (it blocks on the output); seconds."""
+        sampler = systems[key]
+        seeds[0] += 1
+        budget = lengths if key == "refill_budgets" else max_len
         t0 = time.perf_counter()
-        out = sampler(params, prompts, valid, jax.random.key(len(sweep)), num_samples=g,
-                      max_new_tokens=lengths, max_len=max_len, **sampling)
-        assert (np.asarray(out.lengths) == lengths).all(), "a row missed its length"
-        return time.perf_counter() - t0
+        out = sampler(params, prompts, valid, jax.random.key(seeds[0]), num_samples=g,
+                      max_new_tokens=budget, max_len=max_len, **sampling)
+        got = np.asarray(out.lengths)
+        seconds = time.perf_counter() - t0
+        assert (got == lengths).all(), f"{key}: a row missed its length"
+        if key != "refill_budgets":
+            assert not np.asarray(out.truncated).any(), f"{key}: a row ended without its stop id"
+        return seconds
 
     load_start = [round(x, 2) for x in os.getloadavg()]
     sweep = []
     for every in args.sweep_refill_every or ():
-        sampler = refill_sampler(every)
-        call(sampler)  # compile
-        seconds = call(sampler)
+        systems["sweep"] = make(True, False, every)
+        call("sweep")  # compile
+        seconds = call("sweep")
         sweep.append({"refill_every": every, "s": round(seconds, 3),
                       "useful_tok_s": round(useful / seconds, 1),
-                      "decode_steps": int(sampler.last_decode_steps)})
+                      "decode_steps": int(systems["sweep"].last_decode_steps),
+                      "slot_steps": int(systems["sweep"].last_slot_steps)})
         print(f"SWEEP refill_every={every:3d}: {sweep[-1]}", flush=True)
-    refill = refill_sampler(args.refill_every)
-    first = {"refill": call(refill), "static": call(static)}  # warm-up (compiles)
+        del systems["sweep"]
+    first = {k: call(k) for k in systems}  # warm-up (compiles)
     for _ in range(w["warmup_calls"] - 1):
-        call(refill), call(static)
+        for k in systems:
+            call(k)
     # Alternate the timed calls: the shared machine's load drifts, and alternating spreads
-    # the drift over both systems instead of favouring the one timed second.
-    times = {"refill": [], "static": []}
+    # the drift over the systems instead of favouring the one timed last.
+    times = {k: [] for k in systems}
     for _ in range(w["timed_calls"]):
-        times["refill"].append(call(refill))
-        times["static"].append(call(static))
-    t_refill, t_static = ({"median_s": statistics.median(times[k]), "timed_s": times[k],
-                           "first_call_s": first[k]} for k in ("refill", "static"))
-    steps = int(refill.last_decode_steps)
+        for k in systems:
+            times[k].append(call(k))
+    median = {k: statistics.median(v) for k, v in times.items()}
     decode_work = useful - rows  # decode slot-steps a row needs: its length - 1
-    kv = {"refill": refill.kv_cache_bytes(w["n_prompts"], w["prompt_len"], g, max_len),
-          "static": static.kv_cache_bytes(w["n_prompts"], w["prompt_len"], g, max_len)}
-    return {
+    refill, static = systems["refill"], systems["static"]
+    slot_steps = int(refill.last_slot_steps)
+    result = {
         "system": "jaxrl_reason.Sampler", "workload": "long_tail", "model": name,
-        "rows": rows, "useful_tokens": useful, "max_new_tokens": max_len,
-        "slots": args.slots, "refill_every": args.refill_every,
-        "useful_tok_s": useful / t_refill["median_s"],
-        "static_useful_tok_s": useful / t_static["median_s"],
-        "speedup_vs_static": t_static["median_s"] / t_refill["median_s"],
-        "slot_occupancy": decode_work / (args.slots * steps),
+        "stops": "eos", "queue": "row_order", "rows": rows, "useful_tokens": useful,
+        "max_new_tokens": max_len, "slots": slots,
+        "slots_rule": args.slots_rule,
+        "slot_levels": list(refill_mod.slot_levels(slots, refill_mod.batch_shards(mesh, rules),
+                                                   args.min_slots or slots)),
+        "refill_every": args.refill_every,
+        "useful_tok_s": useful / median["refill"],
+        "static_useful_tok_s": useful / median["static"],
+        "speedup_vs_static": median["static"] / median["refill"],
+        "slot_occupancy": decode_work / slot_steps,
         "static_slot_occupancy": decode_work / (rows * (int(lengths.max()) - 1)),
-        "decode_steps": steps, "kv_cache_bytes": kv["refill"],
-        "static_kv_cache_bytes": kv["static"],
-        "median_s": t_refill["median_s"], "static_median_s": t_static["median_s"],
-        "timed_s": t_refill["timed_s"], "static_timed_s": t_static["timed_s"],
-        "first_call_s": t_refill["first_call_s"],
-        "static_first_call_s": t_static["first_call_s"], "refill_every_sweep": sweep,
+        "decode_steps": int(refill.last_decode_steps), "slot_steps": slot_steps,
+        "kv_cache_bytes": refill.kv_cache_bytes(w["n_prompts"], w["prompt_len"], g, max_len),
+        "static_kv_cache_bytes": static.kv_cache_bytes(w["n_prompts"], w["prompt_len"], g,
+                                                       max_len),
+        "median_s": median["refill"], "static_median_s": median["static"],
+        "timed_s": times["refill"], "static_timed_s": times["static"],
+        "first_call_s": first["refill"], "static_first_call_s": first["static"],
+        "refill_every_sweep": sweep,
+        # The same schedule replayed on the host (refill.replay) at other slot counts: how
+        # much the slot rule matters, without timing anything.
+        "replay_by_slots": [replay_point(lengths, n, args.refill_every, args.min_slots,
+                                         refill_mod.batch_shards(mesh, rules))
+                            for n in sorted({max(1, slots // 2), slots, min(rows, 2 * slots)})],
+    }
+    if "refill_budgets" in systems:
+        known = systems["refill_budgets"]
+        result["budgets_known_in_advance"] = {
+            "queue": "longest_first", "useful_tok_s": useful / median["refill_budgets"],
+            "speedup_vs_static": median["static"] / median["refill_budgets"],
+            "slot_occupancy": decode_work / int(known.last_slot_steps),
+            "decode_steps": int(known.last_decode_steps),
+            "slot_steps": int(known.last_slot_steps), "median_s": median["refill_budgets"],
+            "timed_s": times["refill_budgets"], "first_call_s": first["refill_budgets"]}
+    result.update({
         "devices": args.devices, "cache_dtype": args.cache_dtype or str(jnp.dtype(cfg.dtype)),
         "peak_rss_mib": round(peak_rss_mib(), 1), "loadavg_start": load_start,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-    }
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()]})
+    return result
 
 
 def main(argv=None) -> int:
@@ -371,11 +435,17 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", choices=("sampler", "long_tail"), default="sampler",
                     help="the spec's fixed-length sampler workload, or long_tail (slot "
                          "refill against the static batch on per-row lengths)")
-    ap.add_argument("--slots", type=int, default=40,
-                    help="long_tail: slots of the refill sampler (rl.max_num_seqs; 40 was "
-                         "the fastest of 32-128 on the spec's 256 rows, docs/speed.md)")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="long_tail: slots of the refill sampler (rl.max_num_seqs); 0 = "
+                         "rows // 4, a rule of the batch size alone (not of the lengths)")
     ap.add_argument("--refill-every", type=int, default=8,
-                    help="long_tail: decode steps between refills")
+                    help="long_tail: decode steps between refills (the sampler's default)")
+    ap.add_argument("--min-slots", type=int, default=4,
+                    help="long_tail: fewest slots the tail shrinks to (the sampler's "
+                         "default; 0 = never shrink)")
+    ap.add_argument("--no-budgets-row", action="store_true",
+                    help="long_tail: skip the labelled system with per-row budgets known "
+                         "in advance")
     ap.add_argument("--sweep-refill-every", type=int, nargs="*",
                     help="long_tail: first time one call for each of these refill periods")
     args = ap.parse_args(argv)
@@ -417,14 +487,15 @@ def main(argv=None) -> int:
 def main_long_tail(args) -> int:
     """--workload long_tail: one RESULT_JSON line per model."""
     w, _ = long_tail_workload(args.spec_data, args.quick)
-    if args.quick:
-        args.slots = min(args.slots, 4)
+    args.slots_rule = "--slots" if args.slots else "rows // 4"
+    args.slots = min(args.slots or 4, 4) if args.quick else args.slots or max(1, w["rows"] // 4)
     args.devices = roofline.use_cpu_devices(args.cpu_devices, [w["rows"], args.slots])
     results = {"machine": roofline.machine_info(probe=False), "runs": {}}
     for name in args.models or (["test"] if args.quick else ["bench-tiny"]):
         r = long_tail(name, args)
         results["runs"][name] = r
-        print(f"{name} long_tail: refill ({r['slots']} slots, refill every "
+        print(f"{name} long_tail (stops by EOS, row-order queue): refill ({r['slots']} "
+              f"slots shrinking through {r['slot_levels']}, refill every "
               f"{r['refill_every']}) {r['useful_tok_s']:.0f} useful tok/s, static batch "
               f"{r['static_useful_tok_s']:.0f} ({r['speedup_vs_static']:.2f}x); occupancy "
               f"{100 * r['slot_occupancy']:.1f}% vs {100 * r['static_slot_occupancy']:.1f}%; "

@@ -227,7 +227,8 @@ def build_runtime(config: ml_collections.ConfigDict, workdir: str, *,
     sampler = sampler_cls(model, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
                           rules=shd.sampling_rules(rules, mesh),  # rows over context too
                           max_num_seqs=rl.get("max_num_seqs", 0),
-                          refill_every=rl.get("refill_every", 8))
+                          refill_every=rl.get("refill_every", 8),
+                          min_slots=rl.get("refill_min_slots", 4))
     sampler = with_tools(sampler, config, tokenizer)  # RL rollouts, eval, distill
     return Runtime(config=config, workdir=workdir, mesh=mesh, rules=rules, tokenizer=tokenizer,
                    model_cfg=model_cfg, model=model, sampler=sampler)

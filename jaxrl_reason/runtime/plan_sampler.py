@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from jaxrl_reason.models.params import abstract_params
+from jaxrl_reason.sampling import refill
 
 GiB = 2**30
 # The anchors' long_tail workload (../shared/anchors/spec.json): lognormal lengths, median 96
@@ -47,30 +48,18 @@ def stage_width(position: int, max_new_tokens: int, decode_stages: int = 4) -> i
     return min(max_new_tokens, -(-max(position, 1) // stage) * stage)
 
 
-def refill_schedule(lengths, slots: int, refill_every: int) -> list[tuple[int, int]]:
+def refill_schedule(lengths, slots: int, refill_every: int,
+                    min_slots: int = 4) -> list[tuple[int, int, int]]:
     """Slot refill's decode steps for int `lengths` [N] (tokens per row) in `slots` slots:
-    rows queued longest first (`sampling/refill.py`'s order for unequal budgets), freed
-    slots refilled every `refill_every` steps. Returns per step (busy slots, the largest
-    position among them)."""
+    `sampling.refill.replay` of the sampler's own schedule, rows queued in row order (how
+    long a row runs is not known before it stops), the slots shrinking to `min_slots` in
+    the tail as the sampler's do (0: never). Returns per step (slots computed, busy slots,
+    the largest token index among them)."""
     if slots < 1 or refill_every < 1:
         raise ValueError(f"refill_schedule: slots and refill_every must be >= 1, got "
                          f"{slots} and {refill_every}")
-    queue = sorted((int(x) for x in lengths), reverse=True)
-    left = [0] * slots     # tokens each slot still has to decode (0 = free)
-    done = [0] * slots     # tokens its row decoded so far
-    steps, t = [], 0
-    while queue or any(left):
-        if t % refill_every == 0:
-            for s in range(slots):
-                if left[s] == 0 and queue:
-                    left[s], done[s] = queue.pop(0), 0
-        busy = [s for s in range(slots) if left[s] > 0]
-        steps.append((len(busy), max((done[s] + 1 for s in busy), default=0)))
-        for s in busy:
-            left[s] -= 1
-            done[s] += 1
-        t += 1
-    return steps
+    levels = refill.slot_levels(slots, 1, min_slots) if min_slots else None
+    return refill.replay(lengths, slots, refill_every, levels)
 
 
 def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip, n_dev: int,
@@ -115,8 +104,8 @@ def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip,
             raise ValueError(f"sampler_time: a KV budget of {kv_budget_bytes / GiB:.2f} GiB "
                              f"per chip holds no slot of {prompt_len + max_len} positions")
         schedule = refill_schedule(lengths, rows, refill_every)
-        for _, position in schedule:
-            step(rows, position)
+        for computed, _, position in schedule:
+            step(computed, position)
         kv, shape = per_pos * (rows * (prompt_len + max_len)) + prompts_kv, {"slots": rows}
     else:
         rows = min(n, int(budget // (per_pos * (prompt_len + max_len - 1))))

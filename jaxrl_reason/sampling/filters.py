@@ -159,3 +159,23 @@ def select_tokens(rng: jax.Array, logits: jax.Array, temperature, top_k, top_p):
     tokens = jax.lax.cond(temperature > 0, sample, greedy)
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
     return tokens, chosen
+
+
+def stop_schedule(lengths, stop_id: int):
+    """A `Sampler` logits processor that makes row r emit `stop_id` as its token
+    `lengths[r] - 1` and never before: rows that stop the way RL rows stop (by their stop
+    id, at a step nothing in the scheduler can read), at lengths fixed in advance (the
+    long-tail benchmark's seeded lengths, and the tests').
+
+    Args: lengths int [N] (each >= 1); stop_id: a stop id of the Sampler.
+    Returns: fn(logits f32 [B, V], rows int32 [B], index int32 [B]) -> f32 [B, V]: at a
+    row's last index every logit but `stop_id`'s is -inf-like, elsewhere `stop_id`'s is.
+    """
+    lengths = jnp.asarray(lengths, jnp.int32)
+
+    def process(logits: jax.Array, rows: jax.Array, index: jax.Array) -> jax.Array:
+        last = (index >= lengths[jnp.clip(rows, 0, lengths.shape[0] - 1)] - 1)[:, None]
+        is_stop = jnp.arange(logits.shape[-1])[None, :] == stop_id
+        keep = jnp.where(last, is_stop, ~is_stop)
+        return jnp.where(keep, logits, _NEG_INF).astype(logits.dtype)
+    return process

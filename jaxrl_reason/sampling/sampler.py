@@ -178,12 +178,22 @@ class Sampler:
       max_num_seqs: slots for slot refill (vLLM's name); 0 = one static batch of all rows.
         A call with fewer rows than slots runs one slot per row.
       refill_every: with refill, decode steps between two refills of the freed slots.
+      min_slots: with refill, the fewest slots the tail shrinks to (`refill.slot_levels`:
+        once the queue is empty, the busy slots are gathered into half as many whenever
+        at most half are busy); 0 or >= max_num_seqs keeps all the slots to the end.
+      logits_processor: None, or a traceable function (logits f32 [B, V], rows int32 [B],
+        index int32 [B]) -> logits f32 [B, V] applied before each token is drawn for rows
+        `rows` at token index `index` (0 = the first generated token): token bans, forced
+        stops (the long-tail benchmark ends each row this way, by its stop id). The
+        log-probs returned are then those of the processed distribution, which the
+        trainer does not recompute; the trainer sets none.
     """
 
     def __init__(self, model: Transformer, *, eos_id: int | None = None,
                  eos_ids: Sequence[int] = (), pad_id: int, mesh: Mesh | None = None,
                  rules: Iterable[tuple[str, Any]] = shd.DEFAULT_RULES, cache_dtype: Any = None,
-                 decode_stages: int = 4, max_num_seqs: int = 0, refill_every: int = 8):
+                 decode_stages: int = 4, max_num_seqs: int = 0, refill_every: int = 8,
+                 min_slots: int = 4, logits_processor=None):
         ids = ([] if eos_id is None else [int(eos_id)]) + [int(i) for i in eos_ids]
         self.eos_ids = tuple(dict.fromkeys(ids))
         self.eos_id = self.eos_ids[0] if self.eos_ids else -1
@@ -197,7 +207,12 @@ class Sampler:
         if self.max_num_seqs < 0 or self.refill_every < 1:
             raise ValueError(f"max_num_seqs must be >= 0 (0 = static batch) and refill_every "
                              f">= 1, got {max_num_seqs} and {refill_every}")
-        self.last_decode_steps = None  # refill: decode iterations of the last call (int32 [])
+        self.min_slots = int(min_slots) if min_slots else self.max_num_seqs
+        if self.min_slots < 0:
+            raise ValueError(f"min_slots must be >= 0 (0 = never shrink), got {min_slots}")
+        self.logits_processor = logits_processor
+        # Refill: decode iterations of the last call, and the slot-steps they ran (int32 []).
+        self.last_decode_steps = self.last_slot_steps = None
         self._generate = jax.jit(shd.with_activation_sharding(self._generate_impl, mesh, rules),
                                  static_argnames=("num_samples", "max_new_tokens"))
         self._refill = jax.jit(
@@ -227,8 +242,8 @@ class Sampler:
         args, static = self._prepare(params, prompt_tokens, prompt_valid, rng, temperature,
                                      top_p, top_k, num_samples, max_new_tokens, max_len)
         if self.max_num_seqs:
-            out, steps = self._refill(*args, **static)
-            self.last_decode_steps = steps
+            out, steps, slot_steps = self._refill(*args, **static)
+            self.last_decode_steps, self.last_slot_steps = steps, slot_steps
             return out
         return self._generate(*args, **static)
 
@@ -283,6 +298,12 @@ class Sampler:
         shardings = cache_shardings(self.model.cfg, self.mesh, self.rules, batch, length)
         return jax.lax.with_sharding_constraint(cache, shardings)
 
+    def process(self, logits: jax.Array, rows: jax.Array, index: jax.Array) -> jax.Array:
+        """`logits_processor(logits, rows, index)`, or `logits` without one (see __init__)."""
+        if self.logits_processor is None:
+            return logits
+        return self.logits_processor(logits, rows, index)
+
     def _is_stop(self, tokens: jax.Array) -> jax.Array:
         """bool, same shape as `tokens`: the token is one of the stop ids."""
         stop = jnp.zeros(tokens.shape, bool)
@@ -309,7 +330,10 @@ class Sampler:
                               cache, 0)
         repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
         key = step_keys(rng, 0) if is_key_batch(rng) else jax.random.fold_in(rng, 0)
-        first, first_lp = select_tokens(key, repeat(logits[:, -1]), temperature, top_k, top_p)
+        first_logits = repeat(logits[:, -1])
+        rows = jnp.arange(first_logits.shape[0], dtype=jnp.int32)
+        first, first_lp = select_tokens(key, self.process(first_logits, rows, 0 * rows),
+                                        temperature, top_k, top_p)
         return Prefilled(cache=repeat_cache(cache, num_samples),
                          next_position=repeat(jnp.sum(prompt_valid, axis=1).astype(jnp.int32)),
                          prompt_valid=repeat(prompt_valid), first=first, first_logprob=first_lp)
@@ -338,7 +362,9 @@ class Sampler:
             feed = jax.lax.dynamic_slice_in_dim(tokens, step - 1, 1, axis=1)
             positions = (next_position + step - 1)[:, None]
             logits, cache = apply(feed, positions, key_valid, cache, slot)
-            new, new_lp = select_tokens(step_keys(row_keys, step), logits[:, 0],
+            row_ids = jnp.arange(rows, dtype=jnp.int32)
+            new, new_lp = select_tokens(step_keys(row_keys, step),
+                                        self.process(logits[:, 0], row_ids, step + 0 * row_ids),
                                         temperature, top_k, top_p)
             new = jnp.where(done, self.pad_id, new)
             new_lp = jnp.where(done, 0.0, new_lp)

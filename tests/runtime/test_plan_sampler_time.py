@@ -14,11 +14,14 @@ def test_stage_width():
 
 
 def test_refill_schedule_by_hand():
-    # 2 slots, longest first: 5 and 3 start; slot 2 frees after 3 steps, refilled at step 4
-    # (refill every 2: steps 0, 2, 4, ...) with the 2-token row, which runs steps 4-5.
-    steps = plan.refill_schedule([2, 5, 3], slots=2, refill_every=2)
-    assert [busy for busy, _ in steps] == [2, 2, 2, 1, 2, 1]
-    assert [pos for _, pos in steps] == [1, 2, 3, 4, 5, 2]
+    # 2 slots, row order: rows 0 (2 tokens, one decode step) and 1 (5 tokens) start; after
+    # the first chunk of 2 steps slot 0 takes row 2 (3 tokens), which ends with row 1.
+    steps = plan.refill_schedule([2, 5, 3], slots=2, refill_every=2, min_slots=0)
+    assert steps == [(2, 2, 1), (2, 1, 2), (2, 2, 3), (2, 2, 4)]
+    # 4 slots shrinking through 3, 2, 1 once the queue is empty: the 3 rows start in 3 of
+    # them, and the slots follow the busy count down.
+    shrunk = plan.refill_schedule([2, 5, 3], slots=4, refill_every=1, min_slots=1)
+    assert shrunk == [(3, 3, 1), (2, 2, 2), (1, 1, 3), (1, 1, 4)]
     with pytest.raises(ValueError, match="slots"):
         plan.refill_schedule([1], slots=0, refill_every=1)
 
@@ -37,7 +40,8 @@ def test_sampler_time_static_vs_refill():
     assert (half["rows_at_once"], half["batches"], half["decode_steps"]) == (4, 2, 18)
     refill = plan.sampler_time(cfg, lengths, kv_budget_bytes=8 * per_row, slots=2,
                                refill_every=1, **common)
-    assert refill["slots"] == 2 and refill["decode_steps"] == 16
+    # 15: each row's first token comes from its prompt's prefill, not a decode step.
+    assert refill["slots"] == 2 and refill["decode_steps"] == 15
     assert refill["seconds"] < static["seconds"]
     assert refill["kv_cache_bytes"] < static["kv_cache_bytes"]
     assert refill["useful_tokens"] == static["useful_tokens"] == 30

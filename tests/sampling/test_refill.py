@@ -141,6 +141,11 @@ def test_config_knobs_are_validated_and_reach_the_sampler(tmp_path):
     assert validate_config(config, 8) == []
     rt = build_runtime(config, str(tmp_path), devices=jax.devices()[:1])
     assert (rt.sampler.max_num_seqs, rt.sampler.refill_every) == (8, config.rl.refill_every)
+    assert rt.sampler.min_slots == config.rl.refill_min_slots == 4
+    config.rl.refill_min_slots = -1
+    assert any(p.startswith("rl.refill_min_slots: must be an int >= 0")
+               for p in validate_config(config, 8))
+    config.rl.refill_min_slots = 4
     for slots, every, message in ((17, 8, "more than the 16 rows"),
                                   (-1, 8, "must be an int >= 0"),
                                   (8, 0, "rl.refill_every: must be an int >= 1")):
@@ -162,6 +167,7 @@ def test_long_tail_benchmark_accounting():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import roofline
     import sampler as bench
+    from jaxrl_reason.sampling.refill import replay
 
     spec = roofline.load_spec()
     if spec is None or not (roofline.SPEC_PATH.parent / "common.py").is_file():
@@ -171,11 +177,76 @@ def test_long_tail_benchmark_accounting():
                              max_new_tokens=16, warmup_calls=0, timed_calls=1)
     spec["long_tail"]["lengths"].update(median=5, min=2, max=16)
     args = argparse.Namespace(spec_data=spec, cache_dtype=None, decode_stages=2, devices=1,
-                              slots=4, refill_every=2, sweep_refill_every=[1], quick=False)
+                              slots=4, slots_rule="--slots", refill_every=2, min_slots=2,
+                              no_budgets_row=False, sweep_refill_every=[1], quick=False)
     r = bench.long_tail("test", args)
     lengths = bench.long_tail_lengths(spec)
     assert r["useful_tokens"] == lengths.sum() and r["rows"] == 8
-    assert r["decode_steps"] * 4 >= lengths.sum() - 8
+    assert (r["stops"], r["queue"], r["slot_levels"]) == ("eos", "row_order", [4, 3, 2])
+    schedule = replay(lengths, 4, 2, (4, 3, 2))  # what the device ran, replayed on the host
+    assert (r["decode_steps"], r["slot_steps"]) == (len(schedule), sum(s[0] for s in schedule))
+    assert r["slot_occupancy"] == (lengths.sum() - 8) / r["slot_steps"]
+    known = r["budgets_known_in_advance"]
+    assert known["queue"] == "longest_first" and known["slot_steps"] >= lengths.sum() - 8
     assert 0 < r["static_slot_occupancy"] <= r["slot_occupancy"] <= 1
     assert r["kv_cache_bytes"] < r["static_kv_cache_bytes"]
     assert r["refill_every_sweep"][0]["refill_every"] == 1
+
+
+def _seeded_lengths(rows, median, sigma, low, high, seed):
+    """The anchors' long-tail lengths (`common.long_tail_lengths`): int [rows]."""
+    raw = median * np.exp(sigma * np.random.default_rng(seed).standard_normal(rows))
+    return np.clip(np.rint(raw), low, high).astype(np.int64)
+
+
+def test_decode_steps_match_the_host_replay(params, prompts, meshes):
+    """Rows stopped by their stop id at seeded lengths (no budget tells the queue anything):
+    every row ends at its length, and the decode steps and slot-steps the device ran are
+    those of `refill.replay`'s row-order schedule, with and without shrinking slots."""
+    from jaxrl_reason.sampling.filters import stop_schedule
+    from jaxrl_reason.sampling.refill import replay, slot_levels
+
+    stop = 5
+    lengths = _seeded_lengths(ROWS, 3, 0.9, 1, L, seed=4)
+    assert lengths.max() == L and (lengths == 1).any() and len(set(lengths)) > 4
+    for slots, every, min_slots in ((8, 2, 1), (4, 3, 0)):
+        sampler = Sampler(Transformer(CFG), eos_id=stop, pad_id=PAD, mesh=meshes["1dev"],
+                          max_num_seqs=slots, refill_every=every, min_slots=min_slots,
+                          decode_stages=1 if min_slots else 2,
+                          logits_processor=stop_schedule(lengths, stop))
+        out = _sample(sampler, params["1dev"], prompts, L, temperature=1.0)
+        np.testing.assert_array_equal(out.lengths, lengths)
+        assert not out.truncated.any() and (out.tokens[np.arange(ROWS), lengths - 1] == stop).all()
+        levels = slot_levels(slots, 1, min_slots) if min_slots else None
+        schedule = replay(lengths, slots, every, levels)
+        where = f"{slots} slots, refill every {every}, levels {levels}"
+        assert int(sampler.last_decode_steps) == len(schedule), where
+        assert int(sampler.last_slot_steps) == sum(s[0] for s in schedule), where
+
+
+def test_row_order_schedule_on_the_seeded_lengths():
+    """The long-tail benchmark's schedule, pinned: the anchors' 256 seeded lengths (median
+    96, max 512) in row order, 64 slots (rows // 4) refilled every 8 steps. Without
+    shrinking, the tail leaves the slots 56% busy; shrinking through `slot_levels(64)`
+    lifts that to 94% in as many decode steps. (Longest-first, which needs the lengths in
+    advance, would take fewer steps.)"""
+    from jaxrl_reason.sampling.refill import replay, slot_levels
+
+    lengths = _seeded_lengths(256, 96, 0.9, 8, 512, seed=1)
+    assert (lengths.sum(), lengths.max()) == (30378, 512)
+    useful = int(lengths.sum()) - 256
+    assert slot_levels(64) == (64, 48, 36, 27, 20, 15, 11, 8, 6, 4)
+    plain, shrunk = replay(lengths, 64, 8), replay(lengths, 64, 8, slot_levels(64))
+    assert (len(plain), sum(s[0] for s in plain)) == (841, 53824)
+    assert (len(shrunk), sum(s[0] for s in shrunk)) == (841, 31908)
+    assert round(useful / 53824, 4) == 0.5596 and round(useful / 31908, 4) == 0.944
+    assert len(replay(lengths, 64, 8, order=np.argsort(-lengths, kind="stable"))) < 841
+
+
+def test_slot_levels():
+    from jaxrl_reason.sampling.refill import slot_levels
+    assert slot_levels(32) == (32, 24, 18, 13, 9, 6, 4)
+    assert slot_levels(64, shards=8) == (64, 48, 32, 24, 16, 8)  # multiples of the shards
+    assert slot_levels(16, shards=8) == (16, 8)
+    assert slot_levels(8, min_slots=0) == (8,) and slot_levels(4) == (4,)
+    assert slot_levels(12, min_slots=1)[-1] == 1
