@@ -493,3 +493,41 @@ def test_packing_speed_figures_are_its_json():
     stray = sorted(set(re.findall(r"\d+\.\d+", section)) - allowed)
     assert not stray, f"docs/packing.md's Speed section quotes figures not in its JSON: {stray}"
     assert f"`pack_buckets` {pk['pack_buckets']}" in section.replace("\n", " ")
+
+
+def _long_tail_of_record() -> dict:
+    """The newest invocation in docs/speed_long_tail.json of the README's long-tail command
+    with rows stopped by their stop id (the earlier ones gave rows their lengths as budgets)."""
+    data = json.loads((ROOT / "docs" / "speed_long_tail.json").read_text())
+    eos = [inv for inv in data["invocations"]
+           if inv["runs"].get("ours.long_tail.bench-tiny", {}).get("stops") == "eos"]
+    assert eos, "speed_long_tail.json has no run with rows stopped by their stop id"
+    return eos[-1]
+
+
+def test_readme_long_tail_figures_are_its_json():
+    """The README's long-tail sampler rows quote the newest EOS-stopped, row-order invocation
+    of `LONG_TAIL=1 taskset -c 1 bash benchmarks/compare.sh` in docs/speed_long_tail.json:
+    every ratio, the occupancy and the KV-cache ratio, and the budgets-known row labelled as
+    such."""
+    inv = _long_tail_of_record()
+    assert inv["command"] == "LONG_TAIL=1 taskset -c 1 bash benchmarks/compare.sh"
+    ours = inv["runs"]["ours.long_tail.bench-tiny"]
+    assert (ours["stops"], ours["queue"]) == ("eos", "row_order")
+    text = README.read_text()
+    section = text[text.index("Speed on long-tailed rollouts"):text.index("## Layout")]
+    rate = ours["useful_tok_s"]
+    expected = [f"{ours['speedup_vs_static']:.2f}×",
+                f"KV cache {ours['kv_cache_bytes'] / ours['static_kv_cache_bytes']:.2f}×",
+                f"{100 * ours['slot_occupancy']:.1f}%",
+                f"{100 * ours['static_slot_occupancy']:.1f}%", f"{ours['slots']} slots"]
+    for tag in ("anchor.tunix_sampler.long_tail", "anchor.hf_generate.long_tail",
+                "anchor.hf_continuous_batching.long_tail"):
+        expected.append(f"{rate / inv['runs'][tag]['useful_tok_s']:.2f}×")
+    known = ours["budgets_known_in_advance"]
+    expected += [f"{known['speedup_vs_static']:.2f}×", f"{100 * known['slot_occupancy']:.1f}%"]
+    for figure in expected:
+        assert figure in section, f"README long-tail section lacks {figure!r} from its JSON"
+    assert "budgets known in advance" in section and "row order" in section
+    loads = [float(line.split()[1]) for line in inv["loadavg"]]
+    assert max(loads) <= 1.5  # taken on a quiet machine (compare.sh refuses above 1.5)
