@@ -78,7 +78,8 @@ def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip,
     bandwidth) over the slice (the plan's analytic sampler count, per step). Prefill is left
     out (the same in both). Returns rows_at_once, batches (static) or slots, decode_steps,
     kv_cache_bytes per chip, flops, hbm_bytes, seconds, useful_tokens, useful_tok_s and
-    occupancy (useful row-steps / computed row-steps)."""
+    occupancy (useful row-steps / computed row-steps; a row's first token comes from its
+    prompt's prefill, as in the sampler, and is neither)."""
     lengths = [int(x) for x in lengths]
     n, max_len = len(lengths), max(lengths)
     per_pos = kv_bytes_per_position(cfg, cache_itemsize)
@@ -104,8 +105,8 @@ def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip,
             raise ValueError(f"sampler_time: a KV budget of {kv_budget_bytes / GiB:.2f} GiB "
                              f"per chip holds no slot of {prompt_len + max_len} positions")
         schedule = refill_schedule(lengths, rows, refill_every)
-        for computed, _, position in schedule:
-            step(computed, position)
+        for size, _, position in schedule:  # the slots of that step's level
+            step(size, position)
         kv, shape = per_pos * (rows * (prompt_len + max_len)) + prompts_kv, {"slots": rows}
     else:
         rows = min(n, int(budget // (per_pos * (prompt_len + max_len - 1))))
@@ -115,7 +116,7 @@ def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip,
         batches = [lengths[i:i + rows] for i in range(0, n, rows)]
         schedule = []
         for batch in batches:
-            for t in range(1, max(batch) + 1):
+            for t in range(1, max(batch)):  # token 0 comes from the prefill
                 step(len(batch), t)
                 schedule.append(t)
         kv = per_pos * rows * (prompt_len + max_len - 1)
@@ -123,7 +124,7 @@ def sampler_time(cfg, lengths, *, prompt_len: int, num_prompts: int, chip: Chip,
     useful = sum(lengths)
     return {**shape, "decode_steps": len(schedule), "kv_cache_bytes": kv / n_dev,
             "flops": flops, "hbm_bytes": hbm, "seconds": seconds, "useful_tokens": useful,
-            "useful_tok_s": useful / seconds, "occupancy": useful / computed}
+            "useful_tok_s": useful / seconds, "occupancy": (useful - n) / computed}
 
 
 def long_tail_lengths(rows: int, max_len: int) -> list[int]:

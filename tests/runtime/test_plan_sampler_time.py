@@ -33,15 +33,18 @@ def test_sampler_time_static_vs_refill():
                   cache_itemsize=4)
     lengths = [16, 2, 2, 2, 2, 2, 2, 2]
     static = plan.sampler_time(cfg, lengths, kv_budget_bytes=8 * per_row, **common)
-    assert (static["rows_at_once"], static["batches"], static["decode_steps"]) == (8, 1, 16)
-    assert static["occupancy"] == pytest.approx(30 / (8 * 16))
+    assert (static["rows_at_once"], static["batches"], static["decode_steps"]) == (8, 1, 15)
+    assert static["occupancy"] == pytest.approx(22 / (8 * 15))  # first tokens: prefill
     # Half the budget: the static batch runs twice, each to its longest row.
     half = plan.sampler_time(cfg, lengths, kv_budget_bytes=4 * per_row, **common)
-    assert (half["rows_at_once"], half["batches"], half["decode_steps"]) == (4, 2, 18)
+    assert (half["rows_at_once"], half["batches"], half["decode_steps"]) == (4, 2, 16)
     refill = plan.sampler_time(cfg, lengths, kv_budget_bytes=8 * per_row, slots=2,
                                refill_every=1, **common)
     # 15: each row's first token comes from its prompt's prefill, not a decode step.
     assert refill["slots"] == 2 and refill["decode_steps"] == 15
+    # 30 tokens, 8 of them first tokens from the prefills: 22 decoded in 15 steps x 2 slots
+    # (no level below 2: the default floor is 4).
+    assert refill["occupancy"] == pytest.approx(22 / (15 * 2))
     assert refill["seconds"] < static["seconds"]
     assert refill["kv_cache_bytes"] < static["kv_cache_bytes"]
     assert refill["useful_tokens"] == static["useful_tokens"] == 30
