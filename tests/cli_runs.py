@@ -22,9 +22,13 @@ from typing import Callable
 import numpy as np
 
 from jaxrl_reason import cli
+from jaxrl_reason.checkpoints.checkpointer import Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+# Configs with a smoke run of their own (r1_pipeline.py's `train` is arith_grpo.py's run; its
+# stages run in tests/e2e/test_r1_pipeline.py).
+SMOKE_CONFIGS = [c for c in CONFIGS if not c.endswith("r1_pipeline.py")]
 ARITH = os.path.join(REPO, "configs", "arith_grpo.py")
 MIXED = os.path.join(REPO, "configs", "mixed_grpo.py")
 RL_KEYS = ("reward/mean", "accuracy", "format_rate", "kl", "entropy", "clip_frac_low",
@@ -72,6 +76,41 @@ def smoke_runs(tmp_path_factory):
         return cache[path]
 
     return get
+
+
+def check_smoke_artifacts(workdir, config_path: str) -> None:
+    """A finished `train --config PATH:smoke` run wrote every artifact: SFT and RL metrics for
+    each step (finite, RL keys present), eval.json with one report per phase and a set per
+    task, TensorBoard events and the last checkpoint of each phase."""
+    config = load_config(config_path)
+    lines = read_metrics(workdir)
+    sft, rl = phase(lines, "sft"), phase(lines, "rl")
+    assert [m["step"] for m in sft] == list(range(1, config.sft.steps + 1))
+    assert [m["step"] for m in rl] == list(range(1, config.rl.steps + 1))
+    assert all(np.isfinite(m["loss"]) for m in sft)
+    for m in rl:
+        missing = [k for k in RL_KEYS if k not in m]
+        assert not missing, f"RL step {m['step']} lacks {missing}"
+        assert all(np.isfinite(m[k]) for k in RL_KEYS), m
+        assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["format_rate"] <= 1.0
+        assert m["completion/length_max"] <= config.rl.max_new_tokens
+
+    with open(os.path.join(workdir, "eval.json")) as f:
+        report = json.load(f)
+    assert set(report["reports"]) == {"sft", "rl"}
+    for rep in report["reports"].values():
+        expected = (len(config.task.eval_files) if config.task.name == "file"
+                    else len(config.task.mixture) if config.task.name == "mixture"
+                    else len(config.task.eval_levels))
+        assert len(rep["sets"]) == expected
+        for summary in rep["sets"].values():
+            assert 0.0 <= summary["pass@1"]["mean"] <= 1.0
+            assert len(summary["pass@1"]["values"]) == len(config.eval.seeds)
+    assert "pass@1" in report["table"]
+
+    assert glob.glob(os.path.join(workdir, "tb", "events.out.tfevents*"))
+    for name, steps in (("sft", config.sft.steps), ("rl", config.rl.steps)):
+        assert Checkpointer(os.path.join(workdir, "checkpoints", name)).latest_step() == steps
 
 
 # ----------------------------------------------------------------------------- child processes

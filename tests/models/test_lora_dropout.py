@@ -163,8 +163,10 @@ def test_scoring_passes_run_without_dropout(mesh1):
 
 def test_sampler_logprobs_equal_eval_mode_scoring(mesh1):
     """float32, dropout 0.3: the sampler's log-probs are the trainer's eval-mode (no key)
-    log-probs to 1e-6 (relative: log-probs reach -7 here, and the two programs sum in
-    different orders), inside the float32 bound of `numerics.decoder_tolerance`."""
+    log-probs to 1e-5 (relative: log-probs reach -7 here, and the two programs sum in
+    different orders: decode attends over a KV cache one token at a time, scoring runs the
+    whole sequence; 6e-6 was seen), inside the float32 bound of
+    `numerics.decoder_tolerance`."""
     cfg = BASE.replace(lora={**LORA, "lora_dropout": 0.3}, dtype="float32",
                        param_dtype="float32")
     params = _params(cfg, mesh1)
@@ -177,7 +179,7 @@ def test_sampler_logprobs_equal_eval_mode_scoring(mesh1):
     mask = scoring.completion_mask_from_lengths(jnp.asarray(out.lengths), L)
     logp, _ = scoring.completion_logprobs(Transformer(cfg), params, prompt_tokens, prompt_valid,
                                           jnp.asarray(out.tokens), mask, with_entropy=False)
-    np.testing.assert_allclose(out.logprobs, np.asarray(logp), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out.logprobs, np.asarray(logp), rtol=1e-5, atol=1e-5)
     bound = decoder_tolerance(cfg, params, tokens=5 + L)
     assert float(np.abs(out.logprobs - np.asarray(logp)).max()) <= bound
     # the training pass (a key) scores the same tokens differently
