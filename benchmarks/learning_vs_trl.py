@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from host_probe import matmul_gflops  # benchmarks/ holds this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_PATH = os.path.join(ROOT, "configs", "arith_grpo.py")
 HELD_OUT_SET = 0  # index of the eval set reported: the held-out problems of the training levels
@@ -312,21 +314,6 @@ def child_env(side: str, threads: int, env: Mapping[str, str]) -> dict[str, str]
     if "xla_cpu_multi_thread_eigen" not in flags:
         out["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
     return out
-
-
-def matmul_gflops(n: int = 512, reps: int = 20) -> float:
-    """Host-speed probe, the anchors' (numpy float32 matmul GFLOP/s, best of 3): a slow
-    probe next to a slow run says the machine, not the code, was slow."""
-    import numpy as np
-
-    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ a
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 * reps / best / 1e9
 
 
 def load_peak(record: Mapping[str, Any]) -> float:

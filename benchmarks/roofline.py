@@ -45,23 +45,12 @@ import numpy as np  # noqa: E402
 from jaxrl_reason.runtime import cpu_devices  # noqa: E402
 from jaxrl_reason.kernels import platform  # noqa: E402
 from jaxrl_reason.models.config import ModelConfig, get_preset  # noqa: E402
+from host_probe import matmul_gflops  # noqa: E402  (benchmarks/ is on the path)
 
 SPEC_PATH = Path(os.environ.get("ANCHORS_DIR", "/work/shared/anchors")) / "spec.json"
 
 
 # ----------------------------------------------------------------------------- machine + timing
-
-
-def cpu_probe_gflops(n: int = 512, reps: int = 20) -> float:
-    """The anchors' host-speed probe: numpy float32 [n, n] matmul GFLOP/s, best of 3."""
-    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ a
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 * reps / best / 1e9
 
 
 def use_cpu_devices(value: int, rows: Sequence[int]) -> int:
@@ -85,7 +74,7 @@ def machine_info(probe: bool = True) -> dict:
             "backend": str(jax.devices()[0]), "devices": jax.device_count(),
             "jax": jax.__version__}
     if probe:
-        info["cpu_probe_gflops"] = round(cpu_probe_gflops(), 1)
+        info["cpu_probe_gflops"] = round(matmul_gflops(), 1)
     return info
 
 
@@ -253,7 +242,7 @@ def machine_peak_rate(quick: bool = False) -> dict:
     independent matmuls XLA runs side by side, can exceed it; this is the stricter bound."""
     if quick not in _PEAK_CACHE:
         jax_rate = peak_rate(128 if quick else 1024, 1 if quick else 3)
-        numpy_rate = cpu_probe_gflops(128 if quick else 512, 2 if quick else 20) * 1e9
+        numpy_rate = matmul_gflops(128 if quick else 512, 2 if quick else 20) * 1e9
         _PEAK_CACHE[quick] = {"flop_per_s": max(jax_rate, numpy_rate),
                               "jax_square_gflops": round(jax_rate / 1e9, 1),
                               "numpy_probe_gflops": round(numpy_rate / 1e9, 1)}
