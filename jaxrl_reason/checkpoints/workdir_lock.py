@@ -6,7 +6,10 @@
 - Local workdirs: `fcntl.flock` on ``<workdir>/.lock``, which holds the holder's host, pid
   and start time (JSON). The kernel drops the lock when its process dies, so the file a
   killed run leaves behind is simply taken over. The file itself is never deleted (deleting
-  a flock file races with a process that opened it).
+  a flock file races with a process that opened it). A workdir may come from elsewhere (a
+  downloaded run), so the file is opened with `O_NOFOLLOW` (a symlink is refused, never
+  followed) and must be a regular file owned by this user, not hard-linked elsewhere:
+  anything else is `UnsafeLockFile` naming the path, before a byte is written.
 - Object stores (`paths.is_remote`: gs://, s3://, ...): a lease object ``<workdir>/.lock``
   with host, pid, a random token and a heartbeat time that a daemon thread refreshes every
   `HEARTBEAT_S` seconds. A lease whose heartbeat is older than `STALE_S` seconds, or whose
@@ -27,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -42,6 +46,16 @@ CONFIRM_S = 2.0  # pause before reading a freshly written lease back
 _log = logging.getLogger(__name__)
 _held: dict[str, Any] = {}  # workdir key -> lock held by this process
 _guard = threading.Lock()
+
+
+class UnsafeLockFile(OSError):
+    """`<workdir>/.lock` is not a file this run may write: a symlink, not a regular file,
+    owned by another user or hard-linked elsewhere (the message names the path and why)."""
+
+    def __init__(self, path: str, why: str):
+        self.path, self.why = path, why
+        super().__init__(f"workdir lock {path!r} {why}: refusing to use it (a run directory "
+                         f"from elsewhere?); remove it if this workdir is yours")
 
 
 class WorkdirLocked(OSError):
@@ -89,6 +103,39 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
+def _open_lock_file(path: str) -> int:
+    """A read-write descriptor of the lock file `path` (created 0644 if absent), opened
+    without following a symlink (`O_NOFOLLOW`, `O_CLOEXEC`, `O_NONBLOCK` so a FIFO cannot
+    block the open) and checked on the open descriptor: a regular file, owned by this
+    process's effective uid, with no second hard link. UnsafeLockFile otherwise (nothing
+    written)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or os.path.islink(path):
+            raise UnsafeLockFile(path, "is a symbolic link") from None
+        if e.errno in (errno.ENXIO, errno.EISDIR):  # a socket or a directory
+            raise UnsafeLockFile(path, "is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid != os.geteuid():
+            why = f"is owned by uid {st.st_uid}, not this user (uid {os.geteuid()})"
+        elif st.st_nlink > 1:
+            why = f"has {st.st_nlink} hard links"
+        else:
+            os.set_blocking(fd, True)
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    raise UnsafeLockFile(path, why)
+
+
 class LocalLock:
     """`fcntl.flock` on `<workdir>/.lock` (local filesystems)."""
 
@@ -102,18 +149,21 @@ class LocalLock:
         that cannot flock gets a warning and no lock)."""
         import fcntl
         os.makedirs(self.workdir, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
                 # A filesystem without flock (some FUSE mounts): run unguarded, say so.
                 _log.warning("workdir %s: cannot lock %s (%s); running without a workdir "
                              "lock", self.workdir, self.path, e)
                 return
-            with open(self.path, encoding="utf-8", errors="replace") as f:
-                raise WorkdirLocked(self.workdir, _parse(f.read())) from None
+            try:  # the holder's record, through the descriptor checked above
+                text = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            raise WorkdirLocked(self.workdir, _parse(text)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_record()).encode("utf-8"), 0)
         self._fd = fd
@@ -208,9 +258,10 @@ def _key(workdir: str) -> str:
     return os.fspath(workdir) if paths.is_remote(workdir) else os.path.realpath(workdir)
 
 
-def _take(workdir: str) -> dict[str, Any] | None:
+def _take(workdir: str) -> dict[str, Any] | tuple[str, str] | None:
     """Takes (or re-enters) this process's lock of `workdir`; the holder's record when
-    another run holds it, else None."""
+    another run holds it, (path, why) when the lock file may not be used (UnsafeLockFile),
+    else None."""
     with _guard:
         if _key(workdir) in _held:
             return None
@@ -219,6 +270,8 @@ def _take(workdir: str) -> dict[str, Any] | None:
             lock.acquire()
         except WorkdirLocked as e:
             return e.holder
+        except UnsafeLockFile as e:
+            return (e.path, e.why)
         _held[_key(workdir)] = lock
         return None
 
@@ -230,10 +283,14 @@ def acquire(workdir: str) -> None:
 
     Raises:
       WorkdirLocked: another live run holds it (the message names its host and pid).
+      UnsafeLockFile: `<workdir>/.lock` is a symlink, not a regular file, or not this
+        user's (on every process of a multi-host job).
     """
     from jaxrl_reason.runtime import distributed
     holder = _take(workdir) if distributed.is_primary() else None
     holder = distributed.broadcast_from_primary(holder)
+    if isinstance(holder, tuple):
+        raise UnsafeLockFile(*holder)
     if holder is not None:
         raise WorkdirLocked(os.fspath(workdir), holder)
 

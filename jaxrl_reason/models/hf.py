@@ -9,6 +9,9 @@ Import streams tensor by tensor: each tensor is read from its file, laid out as 
 (transposes and head reshapes), cast, and placed straight into its target `NamedSharding`
 before the next one is read, so the host never holds more than about one tensor beyond the
 params themselves. Export is the inverse (plus `config.json`), one output file at a time.
+A model directory may come from anywhere: its `config.json` values and the files its
+safetensors index names are checked first (`hf_checks`: finite, in-range numbers; weight
+files that resolve inside the directory).
 
 Tensor layout, HF name (prefix `model.`) -> our param, per layer i (`L = layers.{i}`):
   embed_tokens.weight [V, D]                  -> embedding [V, D]
@@ -46,6 +49,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.hf_checks import weight_file
 from jaxrl_reason.models.hf_config import (  # noqa: F401  (re-exported: hf.config_from_hf...)
     SUPPORTED_MODEL_TYPES, config_from_hf, hf_config, load_hf_config)
 from jaxrl_reason.models.params import (abstract_params, is_stacked, param_shardings,
@@ -172,8 +176,12 @@ class _Checkpoint:
             try:
                 with open(index) as f:
                     weight_map = json.load(f)["weight_map"]
+                if not isinstance(weight_map, dict) or not all(
+                        isinstance(k, str) for k in weight_map):
+                    raise TypeError("weight_map is not an object of tensor names")
                 files = sorted(set(weight_map.values()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError,
+                    RecursionError) as e:
                 raise ValueError(f"{index}: not a safetensors index ({e!r})") from e
         elif os.path.isfile(single):
             weight_map, files = None, ["model.safetensors"]
@@ -183,8 +191,8 @@ class _Checkpoint:
         self._offsets: dict[str, dict[str, tuple[int, int]]] = {}  # file -> name -> bytes
         self.location: dict[str, str] = {}  # tensor name -> file name
         self.info: dict[str, tuple[str, tuple[int, ...]]] = {}  # name -> (dtype, shape)
-        for file in files:
-            full = os.path.join(path, file)
+        for file in files:  # every one a plain relative path resolving inside `path`
+            full = weight_file(path, file, index if weight_map is not None else path)
             if not os.path.isfile(full):
                 raise FileNotFoundError(f"{index}: lists {file}, which does not exist")
             try:

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from jaxrl_reason.models.config import ModelConfig
+from jaxrl_reason.models.hf_checks import check_config_values
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -127,7 +128,10 @@ def config_from_hf(config_json: dict, *, source: str = "config.json") -> ModelCo
     """ModelConfig (float32) from a Hugging Face `config.json` dict.
 
     Raises ValueError naming `source` and the field for an unsupported model_type or feature
-    (o_proj / MLP biases, other RoPE types, bidirectional attention, irregular layer_types).
+    (o_proj / MLP biases, other RoPE types, bidirectional attention, irregular layer_types)
+    or a value out of range (a non-finite or non-positive RoPE base, norm epsilon or
+    scaling factor, a size or count that is not an integer within its bound: the table of
+    `hf_checks`), checked before any value is used.
     """
     if not isinstance(config_json, dict):
         raise ValueError(f"{source}: expected a JSON object, got {type(config_json).__name__}")
@@ -144,6 +148,7 @@ def config_from_hf(config_json: dict, *, source: str = "config.json") -> ModelCo
     gemma = model_type in _GEMMA_DEFAULTS
     if gemma:
         cj = {**_GEMMA_DEFAULTS[model_type], **cj}
+    check_config_values(cj, source)
 
     def field(name, default=None, required=True):
         if name in cj and cj[name] is not None:
@@ -284,6 +289,6 @@ def load_hf_config(path: str) -> ModelConfig:
     with open(file) as f:
         try:
             config_json = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file}: not valid JSON ({e})") from e
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"{file}: not valid JSON ({type(e).__name__}: {e})") from e
     return config_from_hf(config_json, source=file)

@@ -30,14 +30,15 @@ An answer is parsed, first success wins:
 3. the last side of an equation chain that did not parse whole (`23 \bmod 7 = 2` -> `2`);
 4. `tree.build` of the text, when "expr" is on.
 
-With the `correctness` reward, the completion itself also goes to math-verify's own
-extraction (`_library_extract`), so our extraction only adds answers the library misses.
+With the `correctness` reward, the completion itself may also go to math-verify's own
+extraction (`_library_extract`); one reading of it is scored, never whichever matches
+(`verdict`, and the rule in `rewards/_reading.py`).
 """
 from __future__ import annotations
 
 import re
 
-_NUMERIC = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,4})?")
+_NUMERIC = re.compile(r"[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d{1,4}+)?+")
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _PLAIN_SYNTAX = re.compile(r"\*\*|(?<![\\A-Za-z])[A-Za-z]{2,}\s*\(")
 TARGETS = ("latex", "expr", "string")
@@ -191,10 +192,13 @@ def parse_answer(text: str, targets: tuple[str, ...], tree) -> list:
 def verdict(pred: str, gold: str, options: dict, tree) -> str:
     """math-verify's verdict on `pred` against `gold` with the config's options
     (`float_rounding`, `numeric_precision`, `strict`, `targets`, `set_relation`): "pred"
-    when `pred` equals `gold`, else "completion" when `options["completion"]` holds the
-    completion `pred` was extracted from and math-verify's own extraction from it equals
-    `gold` (a second chance), else "". `options["pred_different"]` (the caller already
-    knows `pred` differs) skips the first check. No signal-based timeout (the worker's
+    when `pred` equals `gold`, else "". With `options["completion"]` (the final part of
+    the completion `pred` was extracted from) one reading of the completion is scored,
+    chosen without looking at `gold` (the rule of `rewards/_reading.py`): math-verify's
+    own extraction of it when `options["later"]` (math stated after `pred`) and it has a
+    value, else `pred` (`options["pred_equal"]`, when not None, is the parent's verdict on
+    it), and math-verify's extraction when `pred` has no value; "completion" when that
+    extraction is the reading and equals `gold`. No signal-based timeout (the worker's
     deadline bounds the job)."""
     from math_verify import verify
 
@@ -207,16 +211,26 @@ def verdict(pred: str, gold: str, options: dict, tree) -> str:
                     strict=bool(options.get("strict", True)),
                     allow_set_relation_comp=bool(options.get("set_relation", True)),
                     timeout_seconds=None)
-    if not options.get("pred_different"):
-        p = parse_answer(pred, targets, tree)
-        if p and verify(g, p, **settings):
-            return "pred"
     completion = options.get("completion")
     if not isinstance(completion, str) or not completion.strip():
-        return ""
-    # Only when our reading of the answer did not match: the library's own extraction.
-    p = _library_extract(completion, targets)
-    return "completion" if p and verify(g, p, **settings) else ""
+        completion = None
+    known = options.get("pred_equal")
+    if completion is not None and options.get("later"):
+        theirs = _library_extract(completion, targets)
+        same = isinstance(theirs[-1] if theirs else None, str) and \
+            theirs[-1].strip() == pred.strip()  # the same text: the parent's verdict holds
+        if _has_value(theirs) and not (same and isinstance(known, bool)):
+            return "completion" if verify(g, theirs, **settings) else ""
+    if isinstance(known, bool):
+        return "pred" if known else ""
+    p = parse_answer(pred, targets, tree)
+    if completion is not None and not options.get("later") and not _has_value(p):
+        theirs = _library_extract(completion, targets)  # ours has no value: theirs counts
+        if _has_value(theirs):
+            return "completion" if verify(g, theirs, **settings) else ""
+        return "completion" if p and verify(g, p, **settings) else ""  # (not "pred": the
+        # pool shares a "pred" match with other completions, which may have a value)
+    return "pred" if p and verify(g, p, **settings) else ""
 
 
 def _library_extract(completion: str, targets: tuple[str, ...]) -> list:

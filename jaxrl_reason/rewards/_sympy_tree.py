@@ -46,7 +46,7 @@ GREEK = (
     "Psi Omega"
 ).split()
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,30}")
-_DECIMAL = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]{1,3})?|[0-9]+\.")
+_DECIMAL = re.compile(r"(?:[0-9]*+\.)?+[0-9]++(?:[eE][-+]?+[0-9]{1,3}+)?+|[0-9]++\.")
 _STATE: dict = {}
 
 

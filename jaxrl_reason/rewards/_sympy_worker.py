@@ -24,7 +24,12 @@ comparison); anything else (silence past the deadline, garbage, an extra line) k
 replaces the worker, so one job's output can never reach another job's verdict. With
 isolation (the default where `isolation.available()`), the zygote runs under bubblewrap as
 an unprivileged uid with no capabilities, no network, its own pid namespace and a
-read-only view of the Python installation and the three program files only.
+read-only view of the Python installation and the three program files only. Without it
+(no bwrap, or `isolate=False`) the zygote still sets the same rlimits on itself before it
+does anything else (`isolation.unconfined_preamble`: address space, CPU, file size, open
+files, no core dumps), starts with the sandbox's near-empty environment
+(`isolation.unconfined_env`), in `/`, and inherits no descriptor but its stdin/stdout
+(`close_fds`, nothing in `pass_fds`); the pool warns once that it has no sandbox.
 
 Modes: "mv" (`a` is a prediction, `b` a gold answer, both answer text; the verdict is
 `_latex_verify.verdict` with the options `o`), "expr", "eq", "rel" (`_sympy_tree` only;
@@ -50,6 +55,10 @@ _STARTUP_TIMEOUT_S = 30.0
 # stuck until its deadline on a small host does not make the other threads wait for a slot.
 _MAX_WORKERS = min(4, (os.cpu_count() or 1) + 2)
 _MEMORY_BYTES = 4 * 2**30  # address space of a worker and of each of its jobs
+# The other rlimits of a worker (its jobs inherit them): CPU seconds of the zygote's own
+# lifetime (each comparison is limited separately by its job's timer), largest file,
+# open descriptors; a worker writes no file.
+_CPU_S, _FILE_BYTES, _OPEN_FILES = 3600, 2**20, 64
 _CACHE_SIZE = 1 << 16  # verdicts remembered by the parent (see `SympyPool.compare`)
 _REPLY_GRACE_S = 0.5  # the zygote ends a job at its deadline; past this grace it is killed
 # The wall-clock backstop of a comparison: this many times its CPU limit, at least
@@ -102,23 +111,27 @@ class _Worker:
     def __init__(self, isolate: bool) -> None:
         here = os.path.dirname(os.path.abspath(__file__))
         files = [os.path.join(here, name) for name in _PROGRAM]
-        argv = [sys.executable, "-I", "-c", _BOOTSTRAP, files[0]]
-        env, seccomp = None, None
+        from jaxrl_reason.rewards import isolation  # parent side only
+
+        seccomp, cwd = None, "/"
         if isolate:
-            from jaxrl_reason.rewards import isolation  # parent side only
-
             seccomp = isolation.seccomp_fd()
-
-            limits = isolation.rlimit_args(_MEMORY_BYTES, 3600, 2**20, 64, 512)
+            limits = isolation.rlimit_args(_MEMORY_BYTES, _CPU_S, _FILE_BYTES, _OPEN_FILES, 512)
             # Not --die-with-parent: a worker outlives the pool thread that started it; it
             # ends on stdin EOF, and its pid namespace with it.
-            argv = isolation.sandbox_command(argv + ["--own-pid-ns"], files=files,
-                                             rlimits=limits, die_with_parent=False,
-                                             seccomp=seccomp)
+            argv = isolation.sandbox_command(
+                [sys.executable, "-I", "-c", _BOOTSTRAP, files[0], "--own-pid-ns"],
+                files=files, rlimits=limits, die_with_parent=False, seccomp=seccomp)
             env = isolation.sandbox_env()
+        else:  # no sandbox: the same rlimits, set by the child on itself before anything else
+            preamble = isolation.unconfined_preamble(_MEMORY_BYTES, _CPU_S, _FILE_BYTES,
+                                                     _OPEN_FILES)
+            argv = [sys.executable, "-I", "-c", f"{preamble}; {_BOOTSTRAP}", files[0]]
+            env = isolation.unconfined_env()
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, env=env,
+                                         stderr=subprocess.DEVNULL, env=env, cwd=cwd,
+                                         close_fds=True,
                                          pass_fds=() if seccomp is None else (seccomp,))
         finally:
             if seccomp is not None:
@@ -193,7 +206,9 @@ class SympyPool:
             isolate = isolation.available()
             if not isolate:
                 warnings.warn("sympy workers run WITHOUT OS isolation: "
-                              + isolation.unavailable_reason(), RuntimeWarning)
+                              + isolation.unavailable_reason() + " (rlimits, an empty "
+                              "environment and no inherited descriptors only)",
+                              RuntimeWarning)
         self.isolate = bool(isolate)
         self.max_workers = max_workers
         self._idle: list[_Worker] = []
@@ -222,10 +237,12 @@ class SympyPool:
         `UNSCORED` ("w", truthy: test `is True`). A worker still computing at the backstop
         is killed and replaced. A verdict is a pure function of the request, so True/False
         verdicts are kept in an LRU cache of `_CACHE_SIZE` requests (the jobs' own sympy
-        caches die with them). A mode "mv" request with a completion also records the
-        verdict on the answer alone (the job tells which of the two matched): an answer
-        known equal needs no job, one known different is not parsed again
-        (`pred_different`). A request that a `compare_many` job is deciding is waited for
+        caches die with them). A mode "mv" request with a completion and `later` false
+        (the answer is the completion's one reading whenever it has a value: see
+        `rewards/_reading.py`) also records a match of the answer alone (the job tells which
+        reading matched), so another such completion with that answer and gold needs no
+        job; nothing else is shared between completions, which may read differently. A
+        request that a `compare_many` job is deciding is waited for
         (until that job's backstop) rather than run twice; one that overran its CPU time
         there returns None once.
         """
@@ -298,21 +315,21 @@ class SympyPool:
 
     def _lookup(self, request: tuple, locked: bool = False, consume: bool = True) -> dict:
         """What the pool knows of `request` (a, b, mode, atol, options): "key", "pair" (the
-        key of the answer alone, mode "mv" with a completion), "done" and "verdict" (a
-        cached verdict, or a None left by a batch timeout, consumed here unless `consume`
-        is False), "event" and
-        "until" (a batch job deciding it), "options" (with `pred_different` when the answer
-        alone is known different), "known_different"."""
+        key of the answer alone, mode "mv" with a completion and `later` false), "done" and
+        "verdict" (a cached verdict, or a None left by a batch timeout, consumed here unless
+        `consume` is False; a pair counts only as a match), "event" and "until" (a batch job
+        deciding it), "options"."""
         if not locked:
             with self._lock:
                 return self._lookup(request, locked=True, consume=consume)
         a, b, mode, atol, options = request
         key = self._key(a, b, mode, atol, options)
         pair = None
-        if mode == "mv" and options and options.get("completion") is not None:
+        if mode == "mv" and options and options.get("completion") is not None and \
+                not options.get("later"):
             pair = self._key(a, b, mode, atol, {**options, "completion": None})
         state = {"key": key, "pair": pair, "done": False, "verdict": None, "event": None,
-                 "until": 0.0, "options": options, "known_different": False}
+                 "until": 0.0, "options": options}
         for k in (key, pair):
             if k in self._verdicts:
                 self._verdicts.move_to_end(k)
@@ -324,9 +341,6 @@ class SympyPool:
             return state
         if key in self._inflight:
             state["event"], state["until"] = self._inflight[key]
-        if pair in self._verdicts:
-            state["known_different"] = True
-            state["options"] = {**options, "pred_different": True}
         return state
 
     def _remember(self, state: dict, verdict) -> None:
@@ -335,8 +349,8 @@ class SympyPool:
             return
         with self._lock:
             self._verdicts[state["key"]] = bool(verdict)
-            if state["pair"] is not None and not state["known_different"]:
-                self._verdicts[state["pair"]] = verdict is True
+            if state["pair"] is not None and verdict is True:  # the answer alone matched
+                self._verdicts[state["pair"]] = True
             while len(self._verdicts) > _CACHE_SIZE:
                 self._verdicts.popitem(last=False)
 

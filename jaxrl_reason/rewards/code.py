@@ -4,9 +4,10 @@ r"""Python code answers: extraction, a sandboxed runner, and the `code` reward.
 OS sandbox of `isolation.py` (bubblewrap: a fresh unprivileged uid with no capabilities and
 `no_new_privs` when the trainer is root, else an unprivileged user namespace; new pid,
 network, ipc and mount namespaces; a read-only view of /usr and the Python installation; a
-private writable /tmp as cwd, HOME and TMPDIR; rlimits on address space, CPU, file size,
+private writable /tmp as cwd, HOME and TMPDIR, a tmpfs of `memory_bytes` (the only writable
+place: its files are host memory); rlimits on address space, CPU, file size,
 open files and, with a dedicated uid, processes; a libseccomp filter denying ptrace,
-namespaces, mounts, non-AF_UNIX sockets and other kernel attack surface). The code can do anything Python allows inside
+namespaces, mounts, SysV IPC, non-AF_UNIX sockets and other kernel attack surface). The code can do anything Python allows inside
 that view: nothing it does reaches the trainer's files, processes or network, and every
 process it starts dies when the run ends (its pid namespace is torn down). The solution file
 is the only file of the run the sandbox can read; expected outputs and test files never
@@ -51,11 +52,18 @@ _STDERR_TAIL = 4096
 # ----------------------------------------------------------------------------- extraction
 
 # Fenced blocks pair up in order, so a closing fence is never taken for an opening one.
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n`]*\n(.*?)```", re.S)
+# Linear: the opening line's quantifiers are possessive (its tag and the rest of the line
+# cannot trade characters), and a failed opening has no ``` after it to scan again.
+_FENCE = re.compile(r"```[ \t]*+([\w+#.-]*+)[^\n`]*+\n(.*?)```", re.S)
 _PY_LANGS = {"", "python", "python3", "py"}
+# Longer completions are not searched for code (the code itself is capped at
+# MAX_CODE_CHARS; this bounds the parent's scan of a hostile completion).
+MAX_COMPLETION_CHARS = 1_000_000
 
 
 def _last_fenced(text: str) -> str | None:
+    if len(text) > MAX_COMPLETION_CHARS:
+        return None
     code = None
     for m in _FENCE.finditer(text):
         body = textwrap.dedent(m.group(2)).strip("\n")
@@ -70,9 +78,10 @@ def extract_code(completion: str) -> str | None:
     The last non-empty closed fenced block tagged python/python3/py or untagged (blocks in
     other languages are skipped), dedented; else the content of the last
     `<answer>...</answer>`, itself possibly fenced. An unclosed fence does not count.
-    Never raises (non-str input gives None).
+    Never raises (non-str input gives None); a completion longer than
+    `MAX_COMPLETION_CHARS` gives None without being searched.
     """
-    if not isinstance(completion, str):
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
         return None
     code = _last_fenced(completion)
     if code is not None:
@@ -98,7 +107,8 @@ class SandboxLimits:
     Attributes:
       wall_s: wall-clock seconds, process start included, before the sandbox is killed.
       cpu_s: CPU seconds (RLIMIT_CPU, rounded up to whole seconds).
-      memory_bytes: address space (RLIMIT_AS).
+      memory_bytes: address space (RLIMIT_AS) of each process, and the size of the run's
+        private /tmp (a tmpfs: files there are host memory; writes beyond it fail).
       output_bytes: stdout cap; more kills the run ("output_limit").
       file_bytes: largest file the code may write (RLIMIT_FSIZE).
       open_files: RLIMIT_NOFILE.
@@ -187,14 +197,19 @@ def sandbox_ready(allow_unsandboxed_unsafe: bool = False) -> bool:
 
 def _command(solution_dir: str, cfg: dict, limits: SandboxLimits, isolated: bool,
              info_fd: int, seccomp: int | None) -> list[str]:
+    """The command line of one run: the harness in the sandbox, its private /tmp as large
+    as the run's memory limit (files there are host memory); unsandboxed, under `prlimit`
+    (by the absolute path `shutil.which` finds) when there is one."""
     cpu = max(1, math.ceil(limits.cpu_s))
     rlimits = isolation.rlimit_args(limits.memory_bytes, cpu, limits.file_bytes,
                                     limits.open_files, limits.max_processes)
     argv = [sys.executable, "-I", "-S", "-B", "-X", "utf8", _HARNESS, json.dumps(cfg)]
     if isolated:
         return isolation.sandbox_command(argv, files=[solution_dir, _HARNESS], rlimits=rlimits,
-                                         info_fd=info_fd, seccomp=seccomp)
-    return (["prlimit", *rlimits, "--"] if shutil.which("prlimit") else []) + argv
+                                         info_fd=info_fd, seccomp=seccomp,
+                                         tmp_bytes=max(4096, int(limits.memory_bytes)))
+    prlimit = shutil.which("prlimit")
+    return ([os.path.abspath(prlimit), *rlimits, "--"] if prlimit else []) + argv
 
 
 def _wait_unreaped(pid: int, deadline: float) -> bool:
@@ -223,9 +238,11 @@ def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = Non
     With `calls` (Python expression sources), they are evaluated after `code` in its
     `__main__` namespace (a SystemExit of `code` does not skip them) and their values come
     back in `results`. The sandbox is killed at `limits.wall_s` (counted from the call) or
-    once stdout exceeds `limits.output_bytes`. Nothing the code does makes this raise; host
-    failures (no temp dir, cannot spawn) raise OSError; RuntimeError when the sandbox is
-    unavailable and `allow_unsandboxed_unsafe` is False.
+    once stdout exceeds `limits.output_bytes`. The status pipe (which the code can write
+    too) is read with limits (`_parse_status`): a `result` line that is too large, too
+    deeply nested or not a JSON list makes the run "error". Nothing the code does makes
+    this raise; host failures (no temp dir, cannot spawn) raise OSError; RuntimeError when
+    the sandbox is unavailable and `allow_unsandboxed_unsafe` is False.
     """
     limits = limits or SandboxLimits()
     isolated = sandbox_ready(allow_unsandboxed_unsafe)
@@ -281,22 +298,72 @@ def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = Non
                 os.close(fd)
         shutil.rmtree(tmp, ignore_errors=True)
     stderr = err[-_STDERR_TAIL:].decode("utf-8", "replace")
-    lines = status.decode("utf-8", "replace").splitlines()
-    return SandboxResult(_status(killed, proc.returncode, lines, stderr),
-                         out.decode("utf-8", "replace"), stderr, time.monotonic() - start,
-                         _results(lines) if calls is not None else None)
+    lines, results, problem = _parse_status(status, status_cap, calls is not None)
+    verdict = _status(killed, proc.returncode, lines, stderr)
+    if problem is not None and killed is None:
+        # a status pipe the parent will not read is a failed run, whatever the exit code
+        verdict = "error"
+        stderr = (f"[sandbox] status pipe rejected: {problem}\n" + stderr)[:_STDERR_TAIL]
+    return SandboxResult(verdict, out.decode("utf-8", "replace"), stderr,
+                         time.monotonic() - start, results)
 
 
-def _results(lines: list[str]) -> list | None:
-    """The last `result <json>` status line's list, or None."""
-    for line in reversed(lines):
-        if line.startswith("result "):
-            try:
-                data = json.loads(line[len("result "):])
-            except ValueError:
-                return None
-            return data if isinstance(data, list) else None
-    return None
+# Deepest JSON nesting accepted on the status pipe. The harness's deepest honest line is
+# about 3 * its `_MAX_DEPTH` (50) + 3 levels; `_judge.decode` stops at 60 values anyway.
+_STATUS_MAX_DEPTH = 256
+_JSON_SPECIAL = re.compile(r'[\[\]{}"\\]')  # one character at a time: linear
+
+
+def _json_depth_ok(text: str, limit: int) -> bool:
+    """Whether the brackets of JSON `text` (outside strings) nest at most `limit` deep;
+    one pass over its brackets, quotes and backslashes, no recursion (malformed text is
+    left to the JSON parser)."""
+    depth, in_string, skip = 0, False, -1
+    for m in _JSON_SPECIAL.finditer(text):
+        i = m.start()
+        if i == skip:  # the character after a backslash in a string
+            continue
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                skip = i + 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif c in "]}":
+            depth -= 1
+    return True
+
+
+def _parse_status(status: bytes, cap: int, calls: bool
+                  ) -> tuple[list[str], list | None, str | None]:
+    """(status lines, the last `result <json>` line's list or None, why the pipe is
+    rejected or None). Only with `calls` is a result read: rejected when the pipe carried
+    more than `cap` bytes, or its result line nests deeper than `_STATUS_MAX_DEPTH`, is not
+    JSON, or is not a list. Never raises (the pipe is the sandbox's)."""
+    lines = status[:cap].decode("utf-8", "replace").splitlines()
+    if not calls:
+        return lines, None, None
+    if len(status) > cap:
+        return lines, None, f"more than {cap} bytes"
+    line = next((x for x in reversed(lines) if x.startswith("result ")), None)
+    if line is None:
+        return lines, None, None
+    text = line[len("result "):]
+    if not _json_depth_ok(text, _STATUS_MAX_DEPTH):
+        return lines, None, f"result nested deeper than {_STATUS_MAX_DEPTH}"
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as e:
+        return lines, None, f"result is not JSON ({type(e).__name__})"
+    if not isinstance(data, list):
+        return lines, None, f"result is a JSON {type(data).__name__}, not a list"
+    return lines, data, None
 
 
 def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int,
@@ -327,7 +394,7 @@ def _collect(proc: subprocess.Popen, status_fd: int, deadline: float, cap: int,
             if fd == err_fd and len(buf) > 2 * _STDERR_TAIL:
                 del buf[:-_STDERR_TAIL]
             elif fd == status_fd and len(buf) > status_cap:
-                del buf[status_cap:]
+                del buf[status_cap + 1:]  # one byte over: the parent sees it overflowed
         if len(bufs[out_fd]) > cap:
             killed = "output_limit"
             del bufs[out_fd][cap:]

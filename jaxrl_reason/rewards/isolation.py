@@ -8,8 +8,12 @@
   a down loopback, and everything it starts dies with it;
 - a mount namespace holding only read-only binds of `/usr` (and the `/lib*`, `/bin`
   symlinks), the Python installation (`sys.base_prefix`, `sys.prefix`, the site-packages
-  directories) and the extra files the caller names, a private `/tmp` tmpfs, `/proc` of its
-  own pid namespace and a minimal `/dev`: no workdir, no `/root`, no `/etc`, no home;
+  directories) and the extra files the caller names, a private `/tmp` tmpfs of at most
+  `tmp_bytes` (bwrap's `--size`: its files are host memory, so the caller ties it to the
+  run's memory limit), `/proc` of its own pid namespace and a minimal `/dev`: no workdir,
+  no `/root`, no `/etc`, no home. The root and `/dev` are remounted read-only at the end,
+  so `/tmp` is the only writable place (`/dev/shm` included: POSIX shared memory cannot be
+  created);
 - an empty environment (`PATH` only);
 - rlimits applied by `prlimit` before the program starts (address space, CPU, file size,
   open files, no core dumps, and processes when a dedicated uid is used);
@@ -22,7 +26,9 @@
 
 A seccomp filter, compiled by libseccomp (through its Python binding `pyseccomp`, for the
 machine's own architecture: x86-64 or aarch64) and handed to bwrap's `--seccomp`, makes these
-fail with EPERM: ptrace, process_vm_readv/writev, process_madvise, pidfd_getfd, bpf,
+fail with EPERM: SysV IPC (shmget, semget, msgget: the fresh IPC namespace would otherwise
+let a run pin host memory in segments no rlimit counts) and POSIX message queues (mq_open),
+ptrace, process_vm_readv/writev, process_madvise, pidfd_getfd, bpf,
 perf_event_open, userfaultfd, keyctl/add_key/request_key, unshare, setns, mount/umount2,
 pivot_root, chroot, the new mount API (fsopen, fsconfig, fsmount, fspick, move_mount,
 open_tree, mount_setattr), module and kexec loading, open_by_handle_at/name_to_handle_at,
@@ -32,11 +38,19 @@ ENOSYS so libc falls back to clone); a syscall of another ABI (i386 or x32 on x8
 on aarch64) kills the process. Without libseccomp.so.2 or pyseccomp, or on another
 architecture, there is no sandbox. `available()` says whether all this works on the host
 (checked once, by running Python inside) and `unavailable_reason()` what is missing.
+
+`bwrap` is run by the absolute path `shutil.which` finds (the path the check used), and
+`prlimit` / `setpriv` by theirs, which must lie in the sandbox's view (`/usr`, `/bin`,
+`/sbin`, `/lib*`). Without a sandbox, `unconfined_preamble` gives a Python child the same
+rlimits from inside (`resource.setrlimit` before it runs anything else) and
+`unconfined_env` an environment as empty; `log_status_once` says, once per process, which
+of the two a run has.
 """
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -51,17 +65,43 @@ from collections.abc import Sequence
 UID_BASE = 1 << 20
 UID_COUNT = 1 << 20
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The size of a sandbox's private /tmp unless the caller gives one (`sandbox_command`).
+DEFAULT_TMP_BYTES = 64 * 2**20
+# Top-level directories the sandbox shows (read-only): tools run inside must live there.
+_VISIBLE_ROOTS = ("usr", "bin", "sbin", "lib", "lib32", "lib64")
+_PACKAGES = {"bwrap": "bubblewrap", "prlimit": "util-linux", "setpriv": "util-linux"}
+_log = logging.getLogger(__name__)
+
+
+def _tool(name: str) -> str | None:
+    """The absolute path of `name` as `shutil.which` finds it on this process's PATH, or
+    None. The sandbox is started with exactly this path (never looked up again)."""
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else None
+
+
+def _tool_problem(name: str) -> str | None:
+    """Why tool `name` cannot be used (not found; for the tools run inside the sandbox, a
+    path outside its view), or None."""
+    path = _tool(name)
+    if path is None:
+        return f"`{name}` not found: install it (`apt-get install -y {_PACKAGES[name]}`)"
+    if name != "bwrap" and path.strip("/").split("/")[0] not in _VISIBLE_ROOTS:
+        return (f"`{name}` was found at {path}, outside the sandbox's view (/usr, /bin, "
+                "/sbin, /lib*): install it under /usr (`apt-get install -y "
+                f"{_PACKAGES[name]}`)")
+    return None
 
 
 @functools.lru_cache(maxsize=1)
 def _unavailable() -> str | None:
     """Why `sandbox_command` cannot work here (a sentence naming what is missing), or None
     when it does: bwrap, prlimit, setpriv as root, the libseccomp filter and namespaces
-    (checked by running Python inside, once)."""
+    (checked by running Python inside, once, with the options every sandbox uses)."""
     for tool in ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ()):
-        if not shutil.which(tool):
-            pkg = {"bwrap": "bubblewrap", "prlimit": "util-linux", "setpriv": "util-linux"}[tool]
-            return f"`{tool}` not found: install it (`apt-get install -y {pkg}`)"
+        problem = _tool_problem(tool)
+        if problem is not None:
+            return problem
     try:
         fd = seccomp_fd()
     except SeccompUnavailable as e:
@@ -77,8 +117,9 @@ def _unavailable() -> str | None:
         os.close(fd)
     if done.returncode != 0:
         tail = done.stderr.decode("utf-8", "replace").strip()[-300:]
-        return (f"a test sandbox exited with status {done.returncode} (user namespaces must "
-                f"be enabled): {tail}")
+        hint = (" (this bwrap is too old for `--size`: bubblewrap 0.5 or newer is needed)"
+                if "--size" in tail else " (user namespaces must be enabled)")
+        return f"a test sandbox exited with status {done.returncode}{hint}: {tail}"
     return None
 
 
@@ -98,6 +139,48 @@ def unavailable_reason() -> str:
 def sandbox_env() -> dict[str, str]:
     """The environment to start the wrapped command with (bwrap clears it again inside)."""
     return {"PATH": _SANDBOX_PATH, "LANG": "C.UTF-8"}
+
+
+def unconfined_env() -> dict[str, str]:
+    """The environment of a helper process started *without* the sandbox: the same near-empty
+    one a sandboxed process gets (`PATH`, `LANG`), none of the trainer's variables."""
+    return sandbox_env()
+
+
+def unconfined_preamble(memory_bytes: int, cpu_s: int, file_bytes: int,
+                        open_files: int) -> str:
+    """Python statements (one line) that set, soft = hard, the rlimits `rlimit_args` gives a
+    sandbox (address space, CPU, file size, open files, no core dumps): the first thing a
+    Python child started without the sandbox runs, so it holds them before it reads any
+    untrusted text. A limit the process already has lower stays (a limit is only ever
+    lowered). (No process limit: without a uid of its own it would count the trainer's
+    threads.)"""
+    limits = [("RLIMIT_AS", memory_bytes), ("RLIMIT_CPU", cpu_s), ("RLIMIT_FSIZE", file_bytes),
+              ("RLIMIT_NOFILE", open_files), ("RLIMIT_CORE", 0)]
+    lower = ("_lim = lambda k, v: resource.setrlimit(k, (min(v, h), min(v, h)) if (h := "
+             "resource.getrlimit(k)[1]) != resource.RLIM_INFINITY else (v, v))")
+    sets = "; ".join(f"_lim(resource.{name}, {int(v)})" for name, v in limits)
+    return f"import resource; {lower}; {sets}; del _lim"
+
+
+_LOGGED: list[str] = []
+
+
+def log_status_once(logger: logging.Logger | None = None) -> str:
+    """Logs, once per process, what isolation the reward processes of this run get (INFO
+    with the sandbox, WARNING without it, naming what is missing); returns that line."""
+    if available():
+        line = ("reward isolation: bubblewrap sandbox (own pid/net/ipc/mount namespaces, "
+                "rlimits, seccomp filter, private size-limited /tmp)")
+    else:
+        line = (f"reward isolation: NO sandbox ({unavailable_reason()}); math workers run "
+                "as this user with rlimits, an empty environment and no inherited file "
+                "descriptors only; code rewards refuse to run unless "
+                "allow_unsandboxed_unsafe=True")
+    if not _LOGGED:
+        _LOGGED.append(line)
+        (logger or _log).log(logging.INFO if available() else logging.WARNING, "%s", line)
+    return line
 
 
 def _python_roots() -> list[str]:
@@ -158,6 +241,7 @@ _DENIED = (
     "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at",
     "name_to_handle_at", "io_uring_setup", "io_uring_enter", "io_uring_register", "swapon",
     "swapoff", "reboot", "acct", "quotactl", "lookup_dcookie", "vhangup",
+    "shmget", "semget", "msgget", "mq_open",
 )
 # CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
 # CLONE_NEWNET: clone's flags (its first argument on x86-64 and aarch64) with any of them
@@ -246,20 +330,25 @@ def seccomp_fd() -> int:
 def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
                     rlimits: Sequence[str] = (), chdir: str = "/tmp",
                     info_fd: int | None = None, die_with_parent: bool = True,
-                    seccomp: int | None = None) -> list[str]:
+                    seccomp: int | None = None,
+                    tmp_bytes: int = DEFAULT_TMP_BYTES) -> list[str]:
     """`argv` wrapped in bwrap + prlimit (+ setpriv as root), as described in the module
     docstring. `files`: absolute paths (files or directories) bound read-only at their own
     path; `rlimits`: `prlimit` options (see `rlimit_args`); `info_fd`: a descriptor (passed
     to the child) on which bwrap writes `{"child-pid": N}`, for `kill_sandbox`; `seccomp`: a
-    descriptor from `seccomp_fd()` (passed to the child). Start it with
+    descriptor from `seccomp_fd()` (passed to the child); `tmp_bytes`: the size of the
+    private `/tmp` tmpfs (host memory: writes beyond it fail with ENOSPC). Start it with
     `sandbox_env()`. `die_with_parent=False` for a long-lived sandbox started from a thread
     that may exit first (the kernel's parent-death signal follows the creating thread): it
-    must then end itself when its stdin closes."""
+    must then end itself when its stdin closes. bwrap, prlimit and setpriv are named by the
+    absolute paths `shutil.which` finds (as `available()` checked them)."""
     for f in files:
         if not os.path.isabs(f):
             raise ValueError(f"isolation: bind path must be absolute, got {f!r}")
+    if isinstance(tmp_bytes, bool) or not isinstance(tmp_bytes, int) or tmp_bytes < 4096:
+        raise ValueError(f"isolation: tmp_bytes must be an int >= 4096, got {tmp_bytes!r}")
     root = os.geteuid() == 0
-    cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+    cmd = [_tool("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try", "--new-session"]
     if die_with_parent:
         cmd.append("--die-with-parent")
@@ -276,14 +365,18 @@ def sandbox_command(argv: Sequence[str], *, files: Sequence[str] = (),
         elif os.path.isdir("/" + link):
             cmd += ["--ro-bind", "/" + link, "/" + link]
     # /tmp first: binds of host paths under /tmp then land on top of the private tmpfs
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmp_bytes),
+            "--tmpfs", "/tmp"]
     cmd += _bind_args(host_paths(files))
+    # last: the root and /dev tmpfs (writable by the sandbox's user in a user namespace, and
+    # of no size) become read-only, so /tmp is all a run can fill
+    cmd += ["--remount-ro", "/dev", "--remount-ro", "/"]
     cmd += ["--chdir", chdir, "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "LANG", "C.UTF-8",
             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--"]
-    cmd += ["prlimit", *rlimits, "--"]
+    cmd += [_tool("prlimit") or "prlimit", *rlimits, "--"]
     if root:
         uid = UID_BASE + secrets.randbelow(UID_COUNT)
-        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        cmd += [_tool("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return cmd + list(argv)
 
@@ -292,7 +385,7 @@ def sandbox_pid(info: bytes) -> int | None:
     """The sandbox's init pid (as seen from here) from what bwrap wrote on its info fd."""
     try:
         pid = json.loads(info.decode("utf-8", "replace")).get("child-pid")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return pid if isinstance(pid, int) and pid > 1 else None
 

@@ -2,8 +2,10 @@ r"""String helpers for math answers: unicode clean-up, brace matching, normaliza
 
 Pure string code with no sympy import; `math.py` composes these with `_latex_structures`
 (tuples, sets, intervals, matrices, relations) and `_latex_sympy` (LaTeX -> sympy text)
-into `is_equivalent`. Every helper is linear-ish in its input and returns None rather than
-raising on input it does not understand.
+into `is_equivalent`. Every helper is linear in its input (its regexes are possessive,
+anchored or start-restricted where backtracking could rescan a run, and
+`tests/security/test_linear_text.py` times each on adversarial strings) and returns None
+rather than raising on input it does not understand.
 
 Numeric policy (used by `math.py`): numbers compare exactly as fractions, except that a
 decimal literal with at least `APPROX_MIN_DIGITS` significant digits also matches any value
@@ -218,7 +220,7 @@ _CANONICAL = (
     (r"\\(?:dfrac|tfrac|cfrac)(?![a-zA-Z])", r"\\frac"),
     (r"\\(?:dbinom|tbinom)(?![a-zA-Z])", r"\\binom"),
     (r"\\(?:emptyset|varnothing|empty)(?![a-zA-Z])|\\\{\s*\\\}", r"\\emptyset"),
-    (r"\\mathbb\s*\{?\s*R\s*\}?|\\R(?![a-zA-Z])", r"(-\\infty,\\infty)"),
+    (r"\\mathbb\s*+(?:\{\s*+)?+R\s*+\}?+|\\R(?![a-zA-Z])", r"(-\\infty,\\infty)"),
     (r"\\infin(?![a-zA-Z])", r"\\infty"),
     (r"\\lbrace(?![a-zA-Z])", r"\\{"),
     (r"\\rbrace(?![a-zA-Z])", r"\\}"),
@@ -230,12 +232,16 @@ _CANONICAL = (
     (r"\\(?:dots|ldots|cdots)(?![a-zA-Z])", "..."),
 )
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree(?![a-zA-Z])")
-_PERCENT = re.compile(r"(?:\\?%|\bper\s?cent\b|\bpct\b)\s*\.?\s*$", re.I)
-_OR_AND = re.compile(r"(?<=\S)\s*,?\s+(?:or|and)\s+(?=\S)")
-_UNIT_WORD = r"[a-zA-Z]+\.?(?:\^\{?\d\}?)?"
-_UNIT_TAIL = re.compile(
-    r"^(?P<num>.*?(?:[\d}]|\\[a-zA-Z]+(?![a-zA-Z])))(?P<sep>\s*)(?P<unit>%s(?:\s+%s)*)$"
-    % (_UNIT_WORD, _UNIT_WORD)
+_PERCENT = re.compile(r"(?:\\?%|\bper\s?cent\b|\bpct\b)\s*+(?:\.\s*+)?+$", re.I)
+_OR_AND = re.compile(r"(?<=\S)(?:\s*+,\s++|\s++)(?:or|and)\s++(?=\S)")
+# A number, spaces, unit words (`[a-zA-Z]+\.?(?:\^\{?\d\}?)?`, spaced) to the end, read
+# from the end: on the reversed text the greedy words give the shortest number at once, in
+# one pass (the forward `^(?P<num>.*?...)` tried every shorter number against the whole
+# tail: quadratic). The number ends with a digit, `}` or a command not followed by a letter.
+_UNIT_WORD_REVERSED = r"(?:\}?\d\{?\^)?\.?[a-zA-Z]+"
+_UNIT_TAIL_REVERSED = re.compile(
+    r"(?P<unit>%s(?:\s+%s)*)(?P<sep>\s*)(?:(?=[\d}])|(?<![a-zA-Z])(?=[a-zA-Z]+\\))"
+    % (_UNIT_WORD_REVERSED, _UNIT_WORD_REVERSED)
 )
 # Words that are variables or functions rather than units after a number.
 _NOT_UNITS = {"pi", "e", "i", "x", "y", "z", "n", "k", "sqrt", "ln", "log", "sin", "cos", "tan",
@@ -246,7 +252,7 @@ _GLUED_UNITS = {"cm", "mm", "km", "kg", "mg", "ml", "ft", "mph", "hrs", "hr", "m
 _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _WHITESPACE = re.compile(r"(\\[a-zA-Z]+)?\s+(?=([a-zA-Z])?)")
 _ELEMENT_OF = re.compile(r"^\s*(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*\\in(?![a-zA-Z])")
-_BARE_VAR = re.compile(r"\s*(?:[a-zA-Z]|\\[a-zA-Z]+)?(?:_\{?\w+\}?)?\s*")
+_BARE_VAR = re.compile(r"\s*+(?:[a-zA-Z]|\\[a-zA-Z]++)?+(?:_\{?+\w++\}?+)?+\s*+")
 
 
 def _strip_units(s: str) -> str:
@@ -254,23 +260,36 @@ def _strip_units(s: str) -> str:
     spaced word of one or 3+ letters (`5 m`, `12 apples`); after an expression a spaced
     known unit or 3+ letter word (`4\\sqrt{2} cm`, `6\\pi square units`). Variables stay
     (`2x`, `2ab`, `\\frac12 ab`, `\\pi h`, `\\pi r`)."""
-    m = _UNIT_TAIL.match(s.strip())
-    if not m:
+    tail = _unit_tail(s.strip())
+    if tail is None:
         return s
-    bare = [w.rstrip(".").split("^")[0] for w in m.group("unit").split()]
+    num, sep, unit = tail
+    bare = [w.rstrip(".").split("^")[0] for w in unit.split()]
     if set(bare) & _NOT_UNITS:
         return s
-    known, sep = bare[0] in _GLUED_UNITS, bool(m.group("sep"))
-    if parse_number(m.group("num").strip()) is not None:  # `5 m`, `12 apples`, `10cm`
+    known, sep = bare[0] in _GLUED_UNITS, bool(sep)
+    if parse_number(num.strip()) is not None:  # `5 m`, `12 apples`, `10cm`
         keep = not (known or (sep and len(bare[0]) != 2))
     else:  # `6\\pi square units`, `4\\sqrt{2} cm`
         keep = not (sep and (known or len(bare[0]) >= 3))
-    return s if keep else m.group("num")
+    return s if keep else num
 
 
-_TEXT_UNIT = re.compile(
-    r"^(?P<num>.*?[^\s+\-*/=^_(\[{,])\s*\\(?:text|textrm|textnormal|textit|textbf|mbox|mathrm)"
-    r"\s*\{\s*(?P<unit>[A-Za-z][A-Za-z .]*?)\s*\}\s*(?:\^\s*\{?\d\}?)?\s*$"
+def _unit_tail(s: str) -> tuple[str, str, str] | None:
+    """(number, spaces, unit words) of `s` ending in unit words after a number (the
+    shortest number without a line break), else None; linear (`_UNIT_TAIL_REVERSED`)."""
+    m = _UNIT_TAIL_REVERSED.match(s[::-1])
+    if m is None:
+        return None
+    num = s[:len(s) - m.end()]
+    if "\n" in num:
+        return None
+    return num, m.group("sep")[::-1], m.group("unit")[::-1]
+
+
+_TEXT_UNIT = re.compile(  # possessive after the command: one scan of the tail per candidate
+    r"^(?P<num>.*?[^\s+\-*/=^_(\[{,])\s*+\\(?:text|textrm|textnormal|textit|textbf|mbox|mathrm)"
+    r"\s*+\{\s*+(?P<unit>[A-Za-z][A-Za-z .]*+)\s*+\}\s*+(?:\^\s*+\{?+\d\}?+)?+\s*+$"
 )
 
 
@@ -316,7 +335,8 @@ def normalize(text: str) -> tuple[str, bool]:
     for pattern, repl in _RELATIONS + _CANONICAL:
         s = re.sub(pattern, repl, s)
     s = _DEGREES.sub("", s)
-    s = re.sub(r"\s+\^", "^", unwrap_commands(_strip_text_unit(s), _TEXT_WRAPPERS, pad=" "))
+    s = re.sub(r"(?<!\s)\s++\^", "^", unwrap_commands(_strip_text_unit(s), _TEXT_WRAPPERS,
+                                                      pad=" "))
     percent = bool(_PERCENT.search(s))
     s = _PERCENT.sub("", s)
     s = re.sub(r"\\?%", "", s).strip().rstrip(".").rstrip("\\").strip()
@@ -344,7 +364,7 @@ def normalize(text: str) -> tuple[str, bool]:
 INT_RE = re.compile(r"[-+]?\d+")
 _DEC = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+)")
 _SCI = re.compile(
-    r"(?P<m>[-+]?(?:\d+\.?\d*|\.\d+))"
+    r"(?P<m>[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++))"
     r"(?:[eE]|\\times10\^\{?|\\cdot10\^\{?|\*10\^\{?|\*10\*\*)(?P<e>[-+]?\d+)\}?"
 )
 _POW10 = re.compile(r"(?P<s>[-+]?)10\^\{?(?P<e>[-+]?\d+)\}?")
@@ -378,8 +398,7 @@ def parse_number(s: str) -> Fraction | None:
     value = _plain(s)
     if value is not None:
         return value
-    for pattern in (_SCI, _POW10):
-        m = pattern.fullmatch(s)
+    for m in (_SCI.fullmatch(s), _POW10.fullmatch(s)):  # anchored uses only: linear
         if m:
             exp = int(m.group("e"))
             if abs(exp) > MAX_EXPONENT:
@@ -387,8 +406,7 @@ def parse_number(s: str) -> Fraction | None:
             sign = m.groupdict().get("s")
             mantissa = Fraction(m.group("m")) if sign is None else Fraction(sign + "1")
             return mantissa * Fraction(10) ** exp
-    for pattern in (_FRAC, _SLASH):
-        m = pattern.fullmatch(s)
+    for m in (_FRAC.fullmatch(s), _SLASH.fullmatch(s)):  # anchored uses only: linear
         if m:
             n, d = _plain(m.group("n")), _plain(m.group("d"))
             if n is None or d is None or d == 0:

@@ -26,6 +26,14 @@ Which layer decides what (`is_equivalent`, cheapest first):
    per-answer calls then find their verdicts (see docs/security.md for what a hostile
    answer can do to the other comparisons of its job).
 
+Untrusted text in the parent: every step before a worker job is linear in its input
+(`tests/security/test_linear_text.py` times each regex on adversarial strings), extraction
+reads at most the last `_MAX_SCAN_CHARS` characters, longer answers than `_MAX_INPUT_CHARS`
+are compared verbatim only, and an answer or gold holding a number sympy would expand for
+seconds is "different" before any job (`_oversized`: a bound computed on the answer's
+parse tree). A completion is scored by one reading, never by whichever matches
+(`_reading`).
+
 Conventions:
   * Plain numbers compare exactly. A decimal literal with at least 6 significant digits
     also matches a value that rounds to it at its last digit (`0.333333` = 1/3); shorter
@@ -50,7 +58,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import math
 import os
 import re
 import threading
@@ -58,6 +65,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from jaxrl_reason.rewards import latex
+from jaxrl_reason.rewards._oversized import oversized as _oversized
+from jaxrl_reason.rewards._reading import MATH_SPAN as _MATH_SPAN
+from jaxrl_reason.rewards._reading import final_part as _final_part
+from jaxrl_reason.rewards._reading import read_alike as _read_alike
+from jaxrl_reason.rewards._reading import stated_after as _stated_after
+from jaxrl_reason.rewards._reading import unwrap as _unwrap
 from jaxrl_reason.rewards._sympy_worker import UNSCORED, get_pool
 from jaxrl_reason.rewards.base import RewardResult, limit_scale, register_reward
 
@@ -109,14 +122,9 @@ _DEFAULTS_CHECKED = verifier_options()
 
 # ----------------------------------------------------------------------------- extraction
 
-_GSM8K = re.compile(r"^[ \t]*####[ \t]*(\S[^\n]*?)[ \t]*$", re.M)
 _STATEMENT = re.compile(
     r"(?:\b(?:final\s+answer|the\s+answer|answer)\s*(?:is|:)|^[ \t]*A:)[ \t:]*([^\n]+)",
     re.I | re.M,
-)
-# Span contents may not contain another opener, which keeps the scan linear.
-_MATH_SPAN = re.compile(
-    r"\$\$([^$]+)\$\$|\$([^$]+)\$|\\\(((?:(?!\\[()]).)+)\\\)|\\\[((?:(?!\\[\[\]]).)+)\\\]", re.S
 )
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 
@@ -150,17 +158,6 @@ def extract_answer(text: str) -> str | None:
         return None
 
 
-_COMPLETION_CHARS = 4000  # of a completion's final part handed to math-verify's extraction
-
-
-def _final_part(text: str) -> str:
-    """What follows the last `</think>` (the whole text without one), its last
-    `_COMPLETION_CHARS` characters, unicode folded."""
-    think = text.rfind("</think>")
-    tail = text[think + len("</think>"):] if think >= 0 else text
-    return latex.clean_unicode(tail[-_COMPLETION_CHARS:])
-
-
 def _extract(text: str) -> str | None:
     close = text.rfind("</answer>")
     open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
@@ -178,10 +175,26 @@ def _extract(text: str) -> str | None:
     return _extract_loose(text)
 
 
+def _gsm8k_answer(text: str) -> str | None:
+    r"""What follows `####` on the last line that starts with it (after spaces or tabs), past
+    spaces and tabs, when it starts with a non-space character; trailing spaces and tabs
+    dropped. One pass over the lines (the regex `^[ \t]*####[ \t]*(\S[^\n]*?)[ \t]*$` it
+    replaces backtracked quadratically on a long run of spaces)."""
+    if "####" not in text:
+        return None
+    for line in reversed(text.split("\n")):
+        head = line.lstrip(" \t")
+        if head.startswith("####"):
+            rest = head[4:].lstrip(" \t")
+            if rest and not rest[0].isspace():
+                return rest.rstrip(" \t")
+    return None
+
+
 def _extract_loose(text: str) -> str | None:
-    gsm = _GSM8K.findall(text)
-    if gsm:
-        return gsm[-1]
+    gsm = _gsm8k_answer(text)
+    if gsm is not None:
+        return gsm
     statements = _STATEMENT.findall(text)
     if statements:
         answer = statements[-1]
@@ -257,21 +270,7 @@ def _bare_tail(text: str) -> re.Match | None:
 # ---------------------------------------------------------------------------- equivalence
 
 _SPACED_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:(?:\s|\\[,;: ]|~)+\d{3})+(?:\.\d+)?")
-
-
 _SQRT_PAREN = re.compile(r"\\sqrt\s*\(([^(){}]*)\)")
-# Integer powers, exponents and factorials that sympy would expand eagerly (the LaTeX
-# grammar has no size limits): a power tower, a power of more than `_MAX_POWER_BITS` bits,
-# a factorial of a factorial or of more than `_MAX_FACTORIAL`, a binomial of a larger top.
-_MAX_POWER_BITS, _MAX_FACTORIAL = 200_000, 10_000
-_POWER = re.compile(r"(?<!\d)(\d+)\s*\)?\s*\^\s*\{?\s*\(?\s*(\d+)")
-_TOWER = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\s*\d+\s*\}?\s*\^")
-_SCI_EXP = re.compile(r"\d[eE][-+]?(\d{4,})")
-_FACTORIAL = re.compile(r"(?<!\d)(\d+)\s*!")
-_POWER_OF_POWER = re.compile(
-    r"(?<!\d)(\d+)\s*\^\s*\{?\s*(\d+)\s*\}?\s*(?:\\right)?\s*\)\s*\^\s*\{?\s*(\d+)")
-_BINOM = re.compile(r"\\[dt]?binom\s*\{?\s*(\d+)")
-_NESTED_FACTORIAL = re.compile(r"!\s*(?:\\right)?\s*\)\s*!")
 
 
 def _fold(text: str) -> str:
@@ -281,26 +280,6 @@ def _fold(text: str) -> str:
     if _SPACED_THOUSANDS.fullmatch(text):
         text = re.sub(r"\s|\\[,;: ]|~", "", text)
     return text
-
-
-def _oversized(text: str) -> bool:
-    """Whether `text` holds a number sympy would take seconds or gigabytes to expand
-    (`9^{9^{9^9}}`, `10^{100000000}`, `(10^{9999})^{9999}`, `1e100000000`, `1000000!`, `(12!)!`,
-    `\\binom{1000000}{500000}`)."""
-    if _TOWER.search(text) or _SCI_EXP.search(text) or _NESTED_FACTORIAL.search(text):
-        return True
-    powers = [(b, e, "1") for b, e in _POWER.findall(text)] + _POWER_OF_POWER.findall(text)
-    for base, inner, outer in powers:
-        if len(inner) + len(outer) > 12:
-            return True
-        bits = int(inner) * int(outer) * (math.log2(max(2, int(base))) if len(base) < 300
-                                          else 3.33 * len(base))
-        if bits > _MAX_POWER_BITS:
-            return True
-    for digits in _FACTORIAL.findall(text) + _BINOM.findall(text):
-        if len(digits) > 6 or int(digits) > _MAX_FACTORIAL:
-            return True
-    return False
 
 
 def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0, **options: Any) -> bool:
@@ -332,8 +311,7 @@ def equivalence_verdict(pred: Any, gold: Any, timeout_s: float = 5.0,
 def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None,
              completion: str | None = None) -> Verdict:
     """`is_equivalent` with the timeout and unscored cases kept apart from "different";
-    `completion`: see `_library` (with it, a "different" from the number and word rules is
-    not final)."""
+    `completion`: see `_parent_verdict`."""
     decided = _parent_verdict(pred, gold, options, completion)
     if isinstance(decided, str):
         return decided
@@ -342,81 +320,52 @@ def _verdict(pred: Any, gold: Any, timeout_s: float, options: dict | None = None
 
 def _parent_verdict(pred: Any, gold: Any, options: dict | None = None,
                     completion: str | None = None) -> Verdict | tuple:
-    """The verdict of the parent's own layers (1-2 of the module docstring), or, when only
-    math-verify can decide, the worker request `(pred, gold, options, completion)` for
-    `_library` (folded answer texts)."""
+    """The verdict of the parent's own layers (1-2 of the module docstring), or, when the
+    worker decides, its request `(pred, gold, options, completion)` for `_library` (folded
+    answer texts). Answers longer than `_MAX_INPUT_CHARS` are only compared verbatim.
+    `completion`: the final part of the completion `pred` came from, when math-verify may
+    read it differently (one answer per completion, `_reading`): "equal" is final unless
+    math is stated after `pred`; the rest goes to the worker with the options `later`
+    (math stated after `pred`) and `pred_equal` (True when the parent found `pred` equal,
+    else None: math-verify judges `pred` again, as without a completion)."""
     try:
         if not isinstance(pred, str) or not isinstance(gold, str):
             return "different"
-        p, g = _unwrap(pred.strip()), _unwrap(gold.strip())
+        pred, gold = pred.strip(), gold.strip()
+        if len(pred) > _MAX_INPUT_CHARS or len(gold) > _MAX_INPUT_CHARS:
+            return "equal" if pred == gold else "different"
+        p, g = _unwrap(pred), _unwrap(gold)
         if not p or not g:
             return "different"
-        if p == g:
-            return "equal"
-        if latex.INT_RE.fullmatch(p) and latex.INT_RE.fullmatch(g) and len(p) + len(g) < 800:
-            if int(p) == int(g):
-                return "equal"
-            if completion is None:
-                return "different"
-        if len(p) > _MAX_INPUT_CHARS or len(g) > _MAX_INPUT_CHARS:
+        own, p, g = _own_verdict(p, g)
+        options = options or _DEFAULTS_CHECKED
+        later = completion is not None and _stated_after(completion, pred)
+        if own == "equal" and not later or own == "different" and completion is None:
+            return own
+        if own == "different" and not later and latex.INT_RE.fullmatch(p) and \
+                latex.INT_RE.fullmatch(g):
+            return own  # the completion's reading is this integer: nothing to judge again
+        if _oversized(p) or _oversized(g):  # not expanded: "different"
             return "different"
-        p, g = _fold(p), _fold(g)
-        (a, a_pct), (b, b_pct) = latex.normalize(p), latex.normalize(g)
-        if a and a == b:
-            return "equal"
-        verdict = _compare_numbers(a, b, a_pct, b_pct) or _compare_words(a, b)
-        if verdict == "equal" or (verdict == "different" and completion is None):
-            return verdict
-        if _oversized(p) or _oversized(g):  # not expanded: "different", as before
-            return "different"
-        return (p, g, options or _DEFAULTS_CHECKED, completion)
+        if completion is not None:
+            options = {**options, "later": later, "pred_equal": own == "equal" or None}
+        return (p, g, options, completion)
     except Exception:
         return "different"
 
 
-def _unwrap(text: str) -> str:
-    r"""`text` without math delimiters around the whole of it (`$x$`, `$$x$$`, `\(x\)`,
-    `\[x\]` -> `x`): the same answer to every layer, and one cache entry for its spellings."""
-    whole = _MATH_SPAN.fullmatch(text)
-    if whole is None:
-        return text
-    return next(group for group in whole.groups() if group is not None).strip() or text
-
-
-def _read_alike(final: str, pred: str) -> bool:
-    r"""Whether math-verify's own extraction of the completion's `final` part would read the
-    answer we extracted, `pred`: an answer tag, or a single `\boxed{}` with no "final answer
-    ... is" statement after it (math-verify prefers such a statement to a box, and joins the
-    boxes of several spans), or `pred` is the last math span of `final` with no digit,
-    backslash or `$` after it (math-verify's LaTeX extraction takes that span too). Then a
-    second parse of the completion in the worker cannot change the verdict and is skipped."""
-    if "</answer>" in final:
-        return True
-    boxes = final.count("\\boxed") + final.count("\\fbox")
-    if boxes:
-        box = max(final.rfind("\\boxed"), final.rfind("\\fbox"))
-        return boxes == 1 and not _final_answer_is(final[box:])
-    last = None
-    for last in _MATH_SPAN.finditer(final):
-        pass
-    if last is None or re.search(r"[\d\\$]", final[last.end():]):
-        return False
-    return _unwrap(last.group(0)) == _unwrap(pred.strip())
-
-
-def _final_answer_is(text: str) -> bool:
-    """Whether `text` has math-verify's "final answer ... is" anchor: "final answer"
-    (any case) with " is" within the next 100 characters. Linear: one `str.find` per
-    occurrence."""
-    lower = text.lower()
-    start = lower.find("final answer")
-    while start >= 0:
-        end = start + len("final answer")
-        window = lower[end:end + 104]
-        if any(window.find(ws + "is", 0, 102) >= 0 for ws in (" ", "\n", "\t")):
-            return True
-        start = lower.find("final answer", end)
-    return False
+def _own_verdict(p: str, g: str) -> tuple[Verdict | None, str, str]:
+    """Layers 1-2 on two unwrapped answers: ("equal", "different" or None when only
+    math-verify can tell, and the two answers folded)."""
+    if p == g:
+        return "equal", p, g
+    if latex.INT_RE.fullmatch(p) and latex.INT_RE.fullmatch(g) and len(p) + len(g) < 800:
+        return ("equal" if int(p) == int(g) else "different"), p, g
+    p, g = _fold(p), _fold(g)
+    (a, a_pct), (b, b_pct) = latex.normalize(p), latex.normalize(g)
+    if a and a == b:
+        return "equal", p, g
+    return _compare_numbers(a, b, a_pct, b_pct) or _compare_words(a, b), p, g
 
 
 def _compare_numbers(a: str, b: str, a_pct: bool, b_pct: bool) -> Verdict | None:
@@ -463,8 +412,8 @@ def _library(pred: str, gold: str, options: dict, completion: str | None,
              cpu_s: float) -> Verdict:
     """math-verify's verdict on the folded answer texts, in a worker job (`_latex_verify`)
     allowed `cpu_s` seconds of its own CPU time (and the default wall-clock backstop); with
-    `completion` (the text `pred` came from), math-verify's own extraction from it is tried
-    too."""
+    `completion` (the final part of the text `pred` came from), the worker scores the one
+    reading of it that `_reading` names (ours or math-verify's own extraction)."""
     if cpu_s <= 0:
         return "timeout"
     a, b, mode, atol, request = _worker_request(pred, gold, options, completion)
@@ -524,12 +473,14 @@ def correctness(completion: str, example: Mapping[str, Any], *, float_rounding: 
     0.0: "no_answer" (nothing extractable), "wrong", "timeout" (the comparison used up its
     CPU time, CORRECTNESS_TIMEOUT_S times the pool's `limit_scale()`), "unscored" (not
     decided within the wall-clock backstop: the machine, not the answer). Raises
-    ValueError when `example` has no "answer" or an option is invalid. A completion that
-    our extraction and math-verify's may read differently (anything but an answer tag, a
-    lone `\\boxed{}` without a "final answer ... is" statement after it, or a final math
-    span: `_read_alike`) also goes to math-verify's own extraction in the same job, so an
-    answer counts when either reading matches (skipping the second parse where both read
-    alike keeps the verdict fast). In a `RewardPool`, the batch is first prepared by
+    ValueError when `example` has no "answer" or an option is invalid. One answer per
+    completion (`_reading`): where our extraction and math-verify's may read a completion
+    differently (anything but an answer tag, a lone `\\boxed{}` without a "final answer
+    ... is" statement after it, or a final math span: `_read_alike`), the completion is
+    scored by one of the two readings, chosen without looking at the gold: math-verify's
+    when math is stated after our answer, else ours (math-verify's only when ours has no
+    value). So a hedging completion (`$7$ or the answer: 3 apples`) is right for at most
+    one gold answer. In a `RewardPool`, the batch is first prepared by
     `correctness_prefetch` (the `prefetch` attribute).
     """
     opts = verifier_options(float_rounding=float_rounding, numeric_precision=numeric_precision,

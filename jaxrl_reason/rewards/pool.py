@@ -139,9 +139,11 @@ def _check_sandbox(names: list[str], options: Mapping[str, Mapping]) -> None:
     """Refuse, before any batch, a pool that would run model code without the OS sandbox
     (`code`, or `domain_verifier` whose mixtures may hold code rows) unless the options opt in
     with `allow_unsandboxed_unsafe=True` (RuntimeError naming the fix; see
-    `code.sandbox_ready`). Raised per call instead, the error would only count as a reason."""
-    from jaxrl_reason.rewards import code
+    `code.sandbox_ready`). Raised per call instead, the error would only count as a reason.
+    Also logs, once per process, what isolation the run's reward processes have."""
+    from jaxrl_reason.rewards import code, isolation
 
+    isolation.log_status_once(_log)
     if "code" in names:
         code.sandbox_ready(bool(dict(options.get("code") or {}).get(
             "allow_unsandboxed_unsafe", False)))

@@ -36,8 +36,11 @@ def _import_jinja2():
 @functools.lru_cache(maxsize=16)
 def _compiled_template(text: str):
     """The template compiled as transformers does: sandboxed, trim/lstrip blocks, loop
-    controls, `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text."""
+    controls, `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text; in
+    `chat_limits.LimitedSandbox` (time and size limits: a template may come from a
+    download)."""
     jinja2 = _import_jinja2()
+    from jaxrl_reason.tokenizers import chat_limits
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -46,9 +49,10 @@ def _compiled_template(text: str):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                           separators=separators, sort_keys=sort_keys)
 
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = chat_limits.LimitedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
+    env.limit_filters()
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env.from_string(text)
@@ -72,9 +76,11 @@ def apply_chat_template(tokenizer: str | os.PathLike | Tokenizer | HFTokenizer,
       Llama 3), so encode it with `add_bos=False`.
 
     Raises:
-      ValueError: the tokenizer has no chat template, the template is not valid Jinja, or
-        it rejects the conversation (its `raise_exception` message, e.g. Gemma's "Conversation
-        roles must alternate"). TypeError: malformed messages. ImportError: no jinja2.
+      ValueError: the tokenizer has no chat template, the template is not valid Jinja, it
+        rejects the conversation (its `raise_exception` message, e.g. Gemma's "Conversation
+        roles must alternate"), fails on arithmetic or recursion, or goes over a limit of
+        `chat_limits` (`MAX_RENDER_S` seconds, `MAX_CHARS` characters of output or of any
+        value it builds). TypeError: malformed messages. ImportError: no jinja2.
     """
     tok = tokenizer if isinstance(tokenizer, TokenizerBase) else load_tokenizer(tokenizer)
     if isinstance(messages, (str, Mapping)) or not isinstance(messages, Sequence):
@@ -94,11 +100,13 @@ def apply_chat_template(tokenizer: str | os.PathLike | Tokenizer | HFTokenizer,
     context = {k: v for k, v in context.items() if v is not None}
     context.update(tools=None, documents=None)
     context.update(variables)
+    from jaxrl_reason.tokenizers import chat_limits
+
     try:
         template = _compiled_template(tok.chat_template)
-        return template.render(messages=[dict(m) for m in messages],
-                               add_generation_prompt=add_generation_prompt, **context)
-    except jinja2.TemplateError as e:
+        return chat_limits.render(template, messages=[dict(m) for m in messages],
+                                  add_generation_prompt=add_generation_prompt, **context)
+    except (jinja2.TemplateError, ArithmeticError, RecursionError) as e:
         raise ValueError(f"chat template of {tok.source}: {type(e).__name__}: {e}") from None
 
 

@@ -19,7 +19,7 @@ from jaxrl_reason.rewards import arith_eval
 
 DECIMALS = 6  # places of a non-integer result
 MAX_RESULT_DIGITS = 30  # longer integer parts are an error, not a wall of digits
-_DECIMAL = re.compile(r"(\d+)\.(\d+)")
+_DECIMAL = re.compile(r"(?<!\d)(\d+)\.(\d+)")  # starts at a run of digits: linear
 
 
 def _fractions(text: str) -> str:
@@ -51,7 +51,11 @@ def calculate(expression: str) -> str:
     """
     if not isinstance(expression, str):
         raise ValueError(f"expression must be a str, got {type(expression).__name__}")
+    text = expression.strip()
+    if len(text) > arith_eval.MAX_CHARS:  # before any rewriting (which only lengthens it)
+        raise arith_eval.ExpressionTooLong(
+            f"expression longer than {arith_eval.MAX_CHARS} characters")
     try:
-        return format_number(arith_eval.evaluate(_fractions(expression.strip())))
+        return format_number(arith_eval.evaluate(_fractions(text)))
     except arith_eval.DivisionByZero:
         raise ValueError("division by zero") from None

@@ -11,8 +11,10 @@ A call is `<name>query</name>` with `name` one of the runner's tools; its result
 
 A tool that raises, a call without its opening tag, an empty or overlong query: the result
 is `<result>error: ...</result>` and `error` says why, never an exception. Result text is
-cleaned of every tag-like piece (`<word>`, `</word>`: tool, result, think and answer tags),
-so a document cannot open or close a call or an answer.
+escaped, not cleaned: every `<` becomes `&lt;` and every `>` `&gt;` (`&` itself stays), so
+no character of a document can begin or end a tag, whatever it nests or splits
+(`<<x>answer>42</answer>` arrives as `&lt;&lt;x&gt;answer&gt;42&lt;/answer&gt;`), and a
+document cannot open or close a call, a result, a think block or an answer.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import re
 from collections.abc import Callable, Mapping
 
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-_TAG = re.compile(r"</?\w+>")  # any tag-like piece: <search>, </answer>, <result>, ...
+# How a result spells the two characters a tag needs: no result text holds `<` or `>`.
+_ESCAPES = str.maketrans({"<": "&lt;", ">": "&gt;"})
 MAX_ERROR_CHARS = 120
 _COMPLETED_CALL = re.compile(r"</(\w+)>\s*" + re.escape(RESULT_OPEN))
 
@@ -40,10 +43,10 @@ class ToolResult:
 
 
 def result_block(output: str, max_chars: int = 1000) -> str:
-    """`<result>output</result>` with tag-like pieces (`<word>`, `</word>`) removed from
-    `output` and at most `max_chars` characters of it kept."""
-    output = _TAG.sub("", output)
-    return f"{RESULT_OPEN}{output.strip()[:max_chars]}{RESULT_CLOSE}"
+    """`<result>output</result>`: `output` stripped, cut to `max_chars` characters, then
+    escaped (`<` -> `&lt;`, `>` -> `&gt;`), so the block holds no `<` or `>` but its own two
+    tags and nothing in it can open or close a tag."""
+    return f"{RESULT_OPEN}{output.strip()[:max_chars].translate(_ESCAPES)}{RESULT_CLOSE}"
 
 
 def count_calls(completion: str) -> int:

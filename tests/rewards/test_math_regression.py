@@ -139,36 +139,42 @@ def test_two_stage_parsing_gives_the_ll_parse():
     assert [(t, a, b) for t, a, b in zip(texts, ll, two_stage) if a != b] == []
 
 
-def test_completion_requests_record_the_answers_own_verdict():
-    """A request with a completion tells the pool which side matched: the answer alone is
-    then cached, so another completion with the same answer needs no job when the answer
-    matched, and skips the answer when it did not."""
+def test_completion_requests_score_one_reading():
+    """A request with a completion scores one reading of it, chosen without the gold
+    (`rewards/_reading.py`): ours when no math is stated after it (math-verify's own reading
+    only when ours has no value), math-verify's when math follows (`later`). A match of the
+    answer alone is shared only between completions that read it alone."""
     from jaxrl_reason.rewards._sympy_worker import SympyPool
     from jaxrl_reason.rewards.math import DEFAULT_OPTIONS
 
     pool = SympyPool(1)
     options = {**DEFAULT_OPTIONS, "targets": ["latex", "expr"]}
     try:
-        def ask(pred, gold, completion):
-            return pool.compare(pred, gold, "mv", 0.0, 30.0, {**options,
-                                                               "completion": completion})
+        def ask(pred, gold, completion, later=False):
+            return pool.compare(pred, gold, "mv", 0.0, 30.0, {
+                **options, "completion": completion, "later": later, "pred_equal": None})
 
-        assert ask("16", "18", "So the answer is $18$.") is True  # only the completion
-        assert pool._verdicts[pool._key("16", "18", "mv", 0.0, {**options,
-                                                                "completion": None})] is False
-        assert ask("16", "18", "So the answer is $17$.") is False
-        assert ask(r"\frac{1}{2}", "0.5", "So the answer is $0.5$.") is True
-        pool._compare = None  # any further job would raise: the answer alone is known equal
-        assert ask(r"\frac{1}{2}", "0.5", "So the answer is $7$.") is True
-        assert ask(r"\frac{1}{2}", "0.5", None) is True
+        hedge = "So $18$, or else the answer is 16"
+        assert ask("16", "18", hedge) is False  # ours is stated last: $18$ does not count
+        assert ask("16", "16", hedge) is True
+        hedge = "The answer is 16. Or maybe $18$."
+        assert ask("16", "18", hedge, later=True) is True  # math after ours: theirs counts
+        assert ask("16", "16", hedge, later=True) is False
+        assert ask("??", "18", "So $18$ then ??") is True  # ours has no value: theirs
+        assert ask(r"\frac{1}{2}", "0.5", r"It is \frac{1}{2} then") is True
+        pool._compare = None  # any further job would raise
+        assert ask(r"\frac{1}{2}", "0.5", r"Again \frac{1}{2} then") is True  # no job
+        with pytest.raises(TypeError):  # math after it: not shared, a job
+            ask(r"\frac{1}{2}", "0.5", r"It is \frac{1}{2}, or $7$", later=True)
     finally:
         pool.shutdown()
 
 
 def test_library_reading_counts_where_our_extraction_differs():
     """Where math-verify's own extraction of a completion may read another answer than ours
-    (a "final answer ... is" statement after a box, boxes in several spans), it is tried;
-    a sentence with one number in a final-answer statement reads as that number; a lone
+    (a "final answer ... is" statement after a box, boxes in several spans) and it is
+    stated after ours, it is the completion's one reading (the box before it no longer
+    counts); a sentence with one number in a final-answer statement reads as that number; a lone
     box is read alike and decided without a second reading."""
     from jaxrl_reason.rewards.math import _read_alike, extract_answer
 
@@ -176,6 +182,7 @@ def test_library_reading_counts_where_our_extraction_differs():
     boxed_then_statement = r"So $\boxed{200}$ first. The final answer is $10,455$. I hope"
     assert reward(boxed_then_statement, {"answer": "10455"}).score == 1.0
     assert reward(boxed_then_statement, {"answer": "300"}).score == 0.0
+    assert reward(boxed_then_statement, {"answer": "200"}).score == 0.0  # stated first
     two_spans = r"\(y_1 = \boxed{x + 1} \) and \( y_2 = \boxed{x - 1} \)"
     assert not _read_alike(two_spans, "x - 1")
     assert reward(two_spans, {"answer": "y_1 = x + 1, y_2 = x - 1"}).score == 1.0
