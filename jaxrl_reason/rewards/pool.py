@@ -39,7 +39,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import inspect
 import itertools
 import logging
 import math
@@ -56,10 +55,15 @@ from jaxrl_reason.rewards.base import (
     BatchContext,
     RewardFunction,
     RewardResult,
-    available_rewards,
-    get_batch_reward,
-    get_reward,
     set_limit_scale,
+)
+
+# Which rewards a config names, bound to their options (re-exported: callers import them here).
+from jaxrl_reason.rewards.resolve import (  # noqa: E402,F401
+    check_sandbox,
+    config_options,
+    import_reward_modules,
+    resolve_rewards,
 )
 
 _log = logging.getLogger(__name__)
@@ -114,72 +118,6 @@ def _score_one(
     if not math.isfinite(score):
         return 0.0, "nonfinite"
     return score, reason
-
-
-def _bind(name: str, fn: Any, options: Mapping[str, Any] | None, positional: int) -> Any:
-    """`fn` with `options` bound as keywords (after its first `positional` parameters);
-    ValueError naming unknown keywords."""
-    if not options:
-        return fn
-    if not isinstance(options, Mapping):
-        raise ValueError(f"options of reward {name!r} must be a mapping, got {options!r}")
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    keywords = [k for k, p in params.items() if p.kind in (
-        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)][positional:]
-    if not takes_any:
-        unknown = sorted(set(options) - set(keywords))
-        if unknown:
-            raise ValueError(f"reward {name!r} has no option(s) {unknown}; it "
-                             f"takes {keywords or 'none'}")
-    return functools.update_wrapper(functools.partial(fn, **dict(options)), fn)
-
-
-def _check_sandbox(names: list[str], options: Mapping[str, Mapping]) -> None:
-    """Refuse, before any batch, a pool that would run model code without the OS sandbox
-    (`code`, or `domain_verifier` whose mixtures may hold code rows) unless the options opt in
-    with `allow_unsandboxed_unsafe=True` (RuntimeError naming the fix; see
-    `code.sandbox_ready`). Raised per call instead, the error would only count as a reason.
-    Also logs, once per process, what isolation the run's reward processes have."""
-    from jaxrl_reason.rewards import code, isolation
-
-    isolation.log_status_once(_log)
-    if "code" in names:
-        code.sandbox_ready(bool(dict(options.get("code") or {}).get(
-            "allow_unsandboxed_unsafe", False)))
-    if "domain_verifier" in names:
-        per_verifier = dict(options.get("domain_verifier") or {}).get("verifier_options") or {}
-        code.sandbox_ready(bool(dict(per_verifier.get("code") or {}).get(
-            "allow_unsandboxed_unsafe", False)))
-
-
-def resolve_rewards(
-    weights: Mapping[str, float], options: Mapping[str, Mapping] | None, verifier: str
-) -> tuple[list[tuple[str, RewardFunction]], list[tuple[str, Any]], dict[str, float]]:
-    """Looks up and binds the rewards of `weights`: (per-completion [(name, fn)], batch
-    [(name, fn)], extra weights) where extra holds `verifier` at weight 0 when a batch reward
-    needs it and it is not weighted. Options of registered but unweighted rewards are
-    ignored (configs may list every reward's defaults). Raises ValueError for unknown names
-    and unknown options."""
-    options = dict(options or {})
-    known = set(available_rewards())
-    for name in options:
-        if name not in known:
-            raise ValueError(f"options given for {name!r}, which is not a registered reward "
-                             f"(known: {sorted(known)})")
-    fns, batch_fns, extra = [], [], {}
-    needs_correct = False
-    for name in weights:
-        spec = get_batch_reward(name)
-        if spec is None:
-            fns.append((name, _bind(name, get_reward(name), options.get(name), 2)))
-        else:
-            batch_fns.append((name, _bind(name, spec.fn, options.get(name), 1)))
-            needs_correct |= spec.needs_correct
-    if needs_correct and verifier not in weights:
-        fns.append((verifier, _bind(verifier, get_reward(verifier), options.get(verifier), 2)))
-        extra[verifier] = 0.0
-    return fns, batch_fns, extra
 
 
 def _batch_inputs(n: int, lengths, truncated, max_length, group_size,
@@ -387,7 +325,7 @@ class RewardPool:
                 )
             self._weights[name] = float(weight)
         self._fns, self._batch_fns, extra = resolve_rewards(self._weights, options, verifier)
-        _check_sandbox([name for name, _ in self._fns], options or {})
+        check_sandbox([name for name, _ in self._fns], options or {})
         self.verifier = verifier
         self._weights.update(extra)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
@@ -647,13 +585,6 @@ class RewardPool:
         return out
 
 
-def config_options(config) -> dict[str, dict]:
-    """`rewards.options` of a run config as {reward name: keyword options}: what the RL
-    pool, `eval` and the distillation filter bind, so that all three judge alike (e.g. the
-    math verifier's `rewards.options.correctness`)."""
-    return {k: dict(v) for k, v in dict(config.rewards.get("options", {})).items()}
-
-
 def make_reward_pool(config) -> RewardPool:
     """The RL reward pool of a run config: `rewards.weights`, `rewards.options`, the task's
     verifier, `rewards.num_workers`, `rewards.timeout_s`, `rewards.backstop_factor`. Imports `rewards.modules` first so
@@ -666,33 +597,3 @@ def make_reward_pool(config) -> RewardPool:
                       timeout_s=config.rewards.timeout_s,
                       backstop_factor=config.rewards.get("backstop_factor",
                                                          DEFAULT_BACKSTOP_FACTOR))
-
-
-_IMPORTED_PATHS: set[str] = set()
-
-
-def import_reward_modules(modules: Sequence[str]) -> None:
-    """Imports each module (dotted name, or a path to a .py file) so its rewards register.
-
-    Raises ValueError naming the module when it cannot be imported.
-    """
-    import importlib
-    import importlib.util
-    import os
-
-    for module in modules:
-        if module in _IMPORTED_PATHS:  # validation and the pool both ask: run a file once
-            continue
-        try:
-            if str(module).endswith(".py"):
-                if not os.path.isfile(module):
-                    raise FileNotFoundError(f"no such file {module!r}")
-                name = "jaxrl_reason_user_" + os.path.splitext(os.path.basename(module))[0]
-                spec = importlib.util.spec_from_file_location(name, module)
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
-                _IMPORTED_PATHS.add(module)
-            else:
-                importlib.import_module(module)
-        except Exception as exc:
-            raise ValueError(f"rewards.modules: cannot import {module!r}: {exc!r}") from exc
