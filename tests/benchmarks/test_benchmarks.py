@@ -187,7 +187,9 @@ def test_compare_sh_long_tail_table(tmp_path):
     assert table == {"ours static": 4.0, "Tunix (static)": 10.0,
                      "HF generate (static)": 5.0, "HF continuous batching": 4.0}
     summary = proc.stdout.strip().splitlines()[-1]
-    assert summary.startswith("summary: long_tail 10.00x Tunix OK(>=8), 4.00x HF CB MISS(>=5)")
+    # the fixture's results name no stop mode: budgets known in advance, queued longest first
+    assert summary.startswith("summary: long_tail (stops budget, queue longest_first) "
+                              "10.00x Tunix OK(>=8), 4.00x HF CB MISS(>=5)")
     assert "4.00x our static OK(>=3)" in summary and "occupancy 95.0% OK" in summary
     assert "KV cache 0.50x static's OK" in summary
     assert "load: ours.long_tail.bench-tiny 1.0 1.1 1.2 -> 1.3 1.4 1.5" in proc.stdout
