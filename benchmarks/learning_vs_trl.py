@@ -34,18 +34,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
-def _load_host_probe():
-    """benchmarks/host_probe.py, loaded by its path: this script is also imported from the
-    tests, where benchmarks/ (whose kernels.py and memory.py shadow packages transformers
-    imports) must stay off sys.path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_probe.py")
-    spec = importlib.util.spec_from_file_location("host_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-matmul_gflops = _load_host_probe().matmul_gflops
+# benchmarks/host_probe.py by its path: the tests import this script with benchmarks/ (whose
+# kernels.py and memory.py shadow packages transformers imports) kept off sys.path.
+_PROBE = importlib.util.spec_from_file_location(
+    "host_probe", os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_probe.py"))
+_probe_module = importlib.util.module_from_spec(_PROBE)
+_PROBE.loader.exec_module(_probe_module)
+matmul_gflops = _probe_module.matmul_gflops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_PATH = os.path.join(ROOT, "configs", "arith_grpo.py")
