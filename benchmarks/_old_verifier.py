@@ -18,10 +18,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The commit before the verifier moved onto math-verify (the syntax-tree sympy verifier).
 DEFAULT_REV = "6a983c8"
-_FILES = ("math.py", "_latex.py", "_latex_structures.py", "_latex_sympy.py", "_sympy_worker.py",
-          "_sympy_child.py", "_sympy_tree.py", "_latex_verify.py", "base.py", "isolation.py")
-_OPTIONAL = ("_latex_structures.py", "_latex_sympy.py", "_latex_verify.py",
-             "_sympy_child.py")  # not in every rev
+
+
+def _rewards_files(rev: str) -> list[str]:
+    """The top-level modules of `jaxrl_reason/rewards` at `rev` (all of them: which ones the
+    verifier imports changes from revision to revision), without the package's `__init__`
+    (whose imports would register every reward)."""
+    try:
+        out = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:jaxrl_reason/rewards"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except subprocess.CalledProcessError as e:
+        raise ValueError(f"git ls-tree {rev}:jaxrl_reason/rewards failed: "
+                         f"{e.stderr.strip()}") from e
+    return [f for f in out.split() if f.endswith(".py") and f != "__init__.py"]
 
 
 def load_old_verifier(rev: str = DEFAULT_REV):
@@ -32,15 +41,9 @@ def load_old_verifier(rev: str = DEFAULT_REV):
     pkg = Path(tempfile.mkdtemp(prefix="old_verifier_")) / name
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    for file in _FILES:
-        try:
-            text = subprocess.run(["git", "show", f"{rev}:jaxrl_reason/rewards/{file}"], cwd=ROOT,
-                                  capture_output=True, text=True, check=True).stdout
-        except subprocess.CalledProcessError as e:
-            if file in _OPTIONAL:
-                continue
-            raise ValueError(f"git show {rev}:jaxrl_reason/rewards/{file} failed: "
-                             f"{e.stderr.strip()}") from e
+    for file in _rewards_files(rev):
+        text = subprocess.run(["git", "show", f"{rev}:jaxrl_reason/rewards/{file}"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout
         (pkg / file).write_text(text.replace("jaxrl_reason.rewards", name))
     sys.path.insert(0, str(pkg.parent))
     try:

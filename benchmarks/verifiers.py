@@ -62,6 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_probe import require_quiet  # noqa: E402  (benchmarks/ is on the path)
 
 # (gold answer key, spellings a model might give that are correct, wrong spellings)
 _CASES = [
@@ -293,8 +294,12 @@ def main(argv: list[str] | None = None) -> dict:
                         help="git revision(s) of older verifiers run beside today's "
                              "(default: _old_verifier.DEFAULT_REV); 'none' skips them")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--allow-load", action="store_true",
+                        help="run on a loaded machine (recorded; such figures are not "
+                             "publishable)")
     args = parser.parse_args(argv)
 
+    quiet = require_quiet(args.allow_load)
     load_before = os.getloadavg()
     start = time.perf_counter()
     from jaxrl_reason.rewards import _sympy_worker, get_reward
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
            "import_s": import_s, "old_revs": revs, "isolation": modes,
            "clean_items": len(clean), "repeats": args.repeats,
            "adversarial_items": sum(want is None for _, _, want in hostile), "rows": rows,
-           "current_vs_old": ratios,
+           "current_vs_old": ratios, "quiet_check": quiet,
            "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()}}
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -531,3 +531,24 @@ def test_readme_long_tail_figures_are_its_json():
     assert "budgets known in advance" in section and "row order" in section
     loads = [float(line.split()[1]) for line in inv["loadavg"]]
     assert max(loads) <= 1.5  # taken on a quiet machine (compare.sh refuses above 1.5)
+
+
+def test_guard_cost_figures_are_their_json():
+    """docs/security.md's guard-cost table and ratios quote only
+    docs/verifier_speed_guard.json, the file its command wrote."""
+    data = json.loads((ROOT / "docs" / "verifier_speed_guard.json").read_text())
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text[text.index("What the guards cost"):text.index("## Tool results")]
+    assert f"`{data['command']}`" in section.replace("\n", " ")
+    assert not data["quiet_check"]["load_check_waived"]
+    assert f"{data['quiet_check']['load_average_1_5_15_min'][0]:.2f}" in section
+    rows = {(r["verifier"], r["workers"]): r for r in data["rows"]}
+    for w in (1, 2, 4):
+        now, old = rows[("current", w)], rows[("old 5d86af3", w)]
+        row = (f"| {w} | {now['answers_per_s']:,.0f} / {old['answers_per_s']:,.0f} | "
+               f"{now['cached_answers_per_s']:,.0f} / {old['cached_answers_per_s']:,.0f} | "
+               f"{now['adversarial_batch_s']:.2f} / {old['adversarial_batch_s']:.2f} |")
+        assert row in section, row
+    for key, word in (("answers_per_s", "cold"), ("cached_answers_per_s", "cached")):
+        ratios = [r[key] for r in data["current_vs_old"]]
+        assert f"×{min(ratios):.2f} to ×{max(ratios):.2f} {word}" in section, key
