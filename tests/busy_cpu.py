@@ -23,6 +23,9 @@ __all__ = ["saturated", "share_cpu", "release_cpu"]
 
 LOCK_ENV = "JAXRL_REASON_TESTS_CPU_LOCK"
 _lock_fd: int | None = None
+# Set by conftest around each test: whether it carries `@pytest.mark.saturates_cpu`. Its file
+# is then scheduled first (conftest), so the exclusive lock waits on a short test.
+MARKED = False
 
 
 def _fd() -> int | None:
@@ -72,7 +75,11 @@ def _exclusive():
 def saturated(processes: int = 4):
     """`processes` CPU-bound processes running while the block runs (each is also ended
     after 300 s by itself, should this process die first). No other test of the run is
-    running meanwhile (see the module docstring)."""
+    running meanwhile (see the module docstring). Under the run's lock, only a test marked
+    `saturates_cpu` may call it."""
+    if _fd() is not None and not MARKED:
+        raise RuntimeError("a test that calls busy_cpu.saturated must be marked "
+                           "@pytest.mark.saturates_cpu (its file is then scheduled first)")
     with _exclusive(), _busy(processes) as procs:
         yield procs
 

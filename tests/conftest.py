@@ -41,9 +41,11 @@ def pytest_runtest_protocol(item, nextitem):
     """Each test (its setup, with any module fixtures it builds, call and teardown) runs
     holding the run's CPU lock shared; `busy_cpu.saturated` takes it exclusively."""
     busy_cpu.share_cpu()
+    busy_cpu.MARKED = item.get_closest_marker("saturates_cpu") is not None
     try:
         yield
     finally:
+        busy_cpu.MARKED = False
         busy_cpu.release_cpu()
 
 
@@ -58,9 +60,14 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files holding end-to-end (`slow`) tests run first: with `-n 2` each worker takes whole
-    files, so a minutes-long file picked up last would leave the other worker idle. Those
-    with more end-to-end tests go earlier (pyproject's `--no-loadscope-reorder` keeps xdist
-    from re-sorting files by their test count, which put these last)."""
+    """Files with a test that saturates the CPU (`saturates_cpu`, which waits for the other
+    worker to finish its current test, then keeps it waiting) run first, while the other
+    worker's current test is short; then files holding end-to-end (`slow`) tests: with
+    `-n 2` each worker takes whole files, so a minutes-long file picked up last would leave
+    the other worker idle. Those with more end-to-end tests go earlier (pyproject's
+    `--no-loadscope-reorder` keeps xdist from re-sorting files by their test count, which
+    put these last)."""
     slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # stable: file order kept otherwise
+    busy = {item.path for item in items if item.get_closest_marker("saturates_cpu")}
+    # stable: file order kept otherwise
+    items.sort(key=lambda item: (item.path not in busy, -slow[item.path]))

@@ -23,8 +23,10 @@ import pytest
 from cli_runs import REPO, assert_trained_alike, load_state, train_both_ways
 
 LORA = os.path.join(REPO, "configs", "arith_grpo_lora.py")
+# The evaluations `train` runs are cut to one seed of 4 problems: this test compares the
+# training, and test_multihost.py compares multi-host evaluation in full.
 LORA_FLAGS = ("--config.model.lora.base_quant=int8", "--config.model.lora.dropout=0.1",
-              "--config.rl.beta=0.04")
+              "--config.rl.beta=0.04", "--config.eval.num_problems=4", "--config.eval.seeds=(0,)")
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,7 @@ def _report_bytes(rt, params, sets, monkeypatch) -> tuple[bytes, collections.Cou
 
 
 @pytest.mark.slow
+@pytest.mark.saturates_cpu
 def test_eval_report_is_byte_identical_on_a_saturated_machine(tiny, monkeypatch):
     """The smoke config's evaluation (its default reward limits: 5 s of CPU per call, a
     50 s wall backstop) with a sympy worker pool starting up on a quiet machine, then again

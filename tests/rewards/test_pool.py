@@ -131,6 +131,7 @@ def test_hung_component_is_unscored_at_the_backstop_and_pool_keeps_working():
         _RELEASE.set()
 
 
+@pytest.mark.saturates_cpu
 def test_cpu_limit_is_charged_to_each_call_not_the_batch():
     """Per-call CPU time, not the batch's wall time: honest answers queued behind several
     slow-but-under-limit neighbours (together far over the limit) on one thread all score

@@ -3,6 +3,7 @@ CPU time, so honest answers batched behind slow neighbours are scored alike on a
 on a saturated machine, and only the wall-clock backstop (a job that gets no CPU at all)
 leaves an answer unscored, never "wrong"."""
 import numpy as np
+import pytest
 from busy_cpu import saturated
 
 from jaxrl_reason.rewards import RewardPool
@@ -18,6 +19,7 @@ SLOWISH = [r"\sin((10^{900})^{60})", r"\sin((10^{899})^{60})", r"\sin((10^{898})
 HONEST = [r"\cos(0)", r"\sqrt{1}", r"e^{0}"]  # equal to 1, each needs a worker job
 
 
+@pytest.mark.saturates_cpu
 def test_honest_answers_behind_slow_neighbours_score_alike_on_a_saturated_machine(
         monkeypatch):
     """One batch job holds `\\cos(0)`, three slow answers and then `\\sqrt{1}`, `e^{0}`
@@ -42,6 +44,7 @@ def test_honest_answers_behind_slow_neighbours_score_alike_on_a_saturated_machin
     assert not out.unscored["correctness"].any()
 
 
+@pytest.mark.saturates_cpu
 def test_cpu_limit_is_a_timeout_and_the_backstop_is_unscored():
     """The same slow comparison is a timeout when its CPU limit is below its cost, whatever
     the load; a backstop too short for the job to get its CPU leaves it unscored
