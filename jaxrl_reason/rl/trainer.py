@@ -43,6 +43,7 @@ from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requeste
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
 from jaxrl_reason.rl.batches import (Collected, Rollout, merge_groups, select_train_rows,
                                      zero_variance_groups)
+from jaxrl_reason.rl.rollout_metrics import rollout_metrics
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
 from jaxrl_reason.rl.learned_reward import load_reward_component
 from jaxrl_reason.models.lora import without_adapters
@@ -53,7 +54,6 @@ from jaxrl_reason.rl.partial import PartialRollouts
 from jaxrl_reason.rl.group_estimator import GroupEstimator
 from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
-from jaxrl_reason.evaluation.pass_at_k import domain_metrics
 from jaxrl_reason.runtime.build import Runtime
 from jaxrl_reason.sampling.sampler import round_up
 from jaxrl_reason.sampling.tool_loop import ToolSampleOutput, tool_loss_mask
@@ -531,42 +531,13 @@ class RLTrainer:
     def step_metrics(self, got: Collected, update_metrics: dict[str, float],
                      shaping: dict[str, float], train_rows: int) -> dict[str, float]:
         """Metrics phase: the update's (with "beta"), train_rows_frac (rows with a nonzero
-        advantage / N), the reward shaping's, the rollout's (`_rollout_metrics`), dynamic
+        advantage / N), the reward shaping's, the rollout's (`rollout_metrics`), dynamic
         sampling's and the phase times; every value a float."""
         update_metrics["train_rows_frac"] = train_rows / got.num_rows
         return {**update_metrics, **shaping,
-                **self._rollout_metrics(got.rewards, got.host, got.examples),
+                **rollout_metrics(got.rewards, got.host, self.rl.num_generations,
+                                  self.verifier, got.examples),
                 **got.metrics, **got.times}
-
-    def _rollout_metrics(self, rewards, host, examples=()) -> dict[str, float]:
-        """Batch means of rewards, lengths and verdicts; `rewards/unscored`, the reward calls
-        the pool's wall-clock backstop left without a verdict (scored 0, not wrong); for a
-        task mixture also per domain (`accuracy/<domain>`, `reward/<domain>`,
-        `length/<domain>`, `frac/<domain>`)."""
-        zero_variance = zero_variance_groups(rewards.total, self.rl.num_generations)
-        lengths = host["lengths"]
-        out = {
-            "rewards/unscored": float(sum(count for tag, count in rewards.reasons.items()
-                                          if tag.endswith("/unscored"))),
-            "reward/mean": float(np.mean(rewards.total)),
-            "reward/std": float(np.std(rewards.total)),
-            "frac_zero_variance_groups": float(np.mean(zero_variance)),
-            "completion/length_mean": float(np.mean(lengths)),
-            "completion/length_max": float(np.max(lengths)),
-            "completion/truncated_frac": float(np.mean(host["truncated"])),
-        }
-        for name, values in rewards.components.items():
-            out[f"reward/{name}"] = float(np.mean(values))
-        if self.verifier in rewards.components:
-            out["accuracy"] = out[f"reward/{self.verifier}"]
-        for name in ("format_strict", "format_lenient"):
-            if name in rewards.components:
-                out["format_rate"] = out[f"reward/{name}"]
-        domains = [e.get("domain") for e in examples for _ in range(self.rl.num_generations)]
-        if any(domains) and len(domains) == len(rewards.total):
-            out.update(domain_metrics(domains, rewards.total,
-                                      rewards.components.get(self.verifier), lengths))
-        return out
 
     # ------------------------------------------------------------------ the loop
 

@@ -129,10 +129,9 @@ def test_rollout_metrics_count_unscored_reward_calls():
     """`rewards/unscored` counts the calls the pool's backstop left without a verdict, over
     all components, apart from wrong answers and CPU timeouts."""
     import collections
-    import types
 
     from jaxrl_reason.rewards import BatchRewards
-    from jaxrl_reason.rl.trainer import RLTrainer
+    from jaxrl_reason.rl.rollout_metrics import rollout_metrics
 
     rewards = BatchRewards(
         total=np.zeros(4, np.float32),
@@ -141,9 +140,7 @@ def test_rollout_metrics_count_unscored_reward_calls():
                                      "correctness/wrong": 1, "correctness/timeout": 1}),
         seconds=0.0)
     host = {"lengths": np.array([3, 4, 5, 6]), "truncated": np.zeros(4, bool)}
-    fake = types.SimpleNamespace(rl=types.SimpleNamespace(num_generations=2),
-                                 verifier="correctness")
-    metrics = RLTrainer._rollout_metrics(fake, rewards, host)
+    metrics = rollout_metrics(rewards, host, num_generations=2, verifier="correctness")
     assert metrics["rewards/unscored"] == 3.0
     assert metrics["accuracy"] == 0.0
 
