@@ -509,8 +509,9 @@ class RLTrainer:
         got.times["time/train_s"] = time.time() - t0
         self.skipped_batch = ("every reward non-finite", [e.get("id") for e in got.examples])
         self.step_count += 1
-        return {"update_skipped": 1.0, **self._rollout_metrics(got.rewards, got.host,
-                                                               got.examples),
+        return {"update_skipped": 1.0,
+                **rollout_metrics(got.rewards, got.host, self.rl.num_generations,
+                                  self.verifier, got.examples),
                 **got.metrics, **got.times}
 
     def _after_update(self, metrics: dict[str, float]) -> None:

@@ -381,3 +381,27 @@ def test_host_offload_keeps_reference_and_optimizer_off_the_chips_with_the_same_
     assert memory_kinds(off.ref_params) == {"pinned_host"}
     assert memory_kinds(off.state.opt_state) == {"pinned_host"}
     assert tree_equal(jax.device_get((off.state, off.ref_params)), saved)
+
+
+def test_a_batch_without_finite_rewards_is_skipped_with_its_rollout_metrics():
+    """Every reward non-finite: no update, `update_skipped` 1, the batch named for the skip
+    guard, and the rollout's metrics still logged."""
+    import collections
+    import types
+
+    from jaxrl_reason.rewards import BatchRewards
+    from jaxrl_reason.rl.trainer import RLTrainer
+
+    rewards = BatchRewards(total=np.full(4, np.nan, np.float32),
+                           components={"correctness": np.zeros(4, np.float32)},
+                           reasons=collections.Counter(), seconds=0.0)
+    got = types.SimpleNamespace(
+        rewards=rewards, examples=[{"id": 7}, {"id": 9}], metrics={}, times={},
+        host={"lengths": np.array([3, 4, 5, 6]), "truncated": np.zeros(4, bool)})
+    fake = types.SimpleNamespace(rl=types.SimpleNamespace(num_generations=2),
+                                 verifier="correctness", step_count=3, skipped_batch=None)
+    metrics = RLTrainer._skip_update(fake, got, t0=0.0)
+    assert metrics["update_skipped"] == 1.0 and fake.step_count == 4
+    assert fake.skipped_batch == ("every reward non-finite", [7, 9])
+    assert metrics["completion/length_mean"] == 4.5 and metrics["accuracy"] == 0.0
+    assert "time/train_s" in metrics
