@@ -552,3 +552,54 @@ def test_guard_cost_figures_are_their_json():
     for key, word in (("answers_per_s", "cold"), ("cached_answers_per_s", "cached")):
         ratios = [r[key] for r in data["current_vs_old"]]
         assert f"×{min(ratios):.2f} to ×{max(ratios):.2f} {word}" in section, key
+
+
+def _seed_runs(tmp_path, p1s=(0.5, 0.52, 0.47)) -> list[str]:
+    """eval.json files of runs with training seeds 0, 1, 2 (config.json beside each)."""
+    paths = []
+    for seed, p1 in enumerate(p1s):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        data = _eval_json()
+        data["reports"]["sft"]["sets"]["levels 1-3 (held-out)"]["pass@1"]["mean"] = p1
+        (run / "eval.json").write_text(json.dumps(data))
+        (run / "config.json").write_text(json.dumps({"seed": seed}))
+        paths.append(str(run / "eval.json"))
+    return paths
+
+
+def test_several_training_seeds_give_mean_and_t_interval(tmp_path):
+    """A cell over training seeds is the mean of the runs' means ± t_{0.975, m-1} s / sqrt(m)
+    (t_{0.975, 2} = 4.302653), and each seed's pass@1 is stated."""
+    import numpy as np
+
+    paths = _seed_runs(tmp_path)
+    saved = tmp_path / "seeds.json"
+    result = _run(*paths, "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    values = np.array([0.5, 0.52, 0.47])
+    half = 4.302653 * values.std(ddof=1) / np.sqrt(3)
+    cell = f"{100 * values.mean():.1f} ± {100 * half:.1f}"
+    assert f"| SFT: levels 1-3 (held-out) | {cell} |" in result.stdout
+    assert "SFT 50.0, 52.0, 47.0; RL 62.3, 62.3, 62.3" in result.stdout
+    assert "| RL: levels 1-3 (held-out) | 62.3 ± 0.0 |" in result.stdout  # no spread
+    assert "for S = 0, 1, 2" in result.stdout
+    # The saved file renders the same block (naming itself) and checks a document.
+    doc = tmp_path / "README.md"
+    doc.write_text(f"{rt.BEGIN}\n{rt.END}\n")
+    assert _run(str(saved), "--write", str(doc)).returncode == 0
+    assert _run(str(saved), "--check", str(doc)).returncode == 0
+    assert f"the numbers are in `{saved}`" in doc.read_text()
+
+
+def test_runs_that_are_not_seeds_of_one_recipe_are_refused(tmp_path):
+    paths = _seed_runs(tmp_path)
+    result = _run(paths[0], paths[0])
+    assert result.returncode == 2 and "training seeds repeat ([0, 0])" in result.stderr
+    other = json.loads(pathlib.Path(paths[2]).read_text())
+    other["reports"]["rl"]["config"]["num_samples"] = 8
+    pathlib.Path(paths[2]).write_text(json.dumps(other))
+    result = _run(*paths)
+    assert result.returncode == 2 and paths[2] in result.stderr
+    result = _run(*paths[:2], "--check", "README.md")
+    assert result.returncode == 2 and "--save them to one file" in result.stderr
