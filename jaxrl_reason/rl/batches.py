@@ -163,3 +163,39 @@ def merge_groups(parts, keep, group_size: int, length_bucket: int, max_length: i
                     for n in names},
         reasons=reasons, seconds=sum(r.seconds for _, _, r in parts))
     return examples, host, rewards
+
+
+def dynamic_sampling(examples, rng, rl, draw, sample_scored):
+    """DAPO's dynamic sampling: samples and scores `examples`; with `rl.dynamic_sampling`
+    keeps drawing batches of prompts (`draw()`, B examples) until B groups have rewards that
+    are not all equal, or `rl.dynamic_sampling_max_rounds` extra rounds were drawn (the batch
+    is then topped up with zero-variance groups, which add nothing to the loss).
+
+    Args: `rng` the collect phase's key (round r samples with fold_in(rng, r));
+    `sample_scored(examples, key) -> (host dict of RLTrainer.generate, BatchRewards)`.
+    Returns (the B examples, their host arrays, rewards, the dynamic-sampling metrics)."""
+    host, rewards = sample_scored(examples, rng)
+    if not rl.dynamic_sampling:
+        return list(examples), host, rewards, {}
+    g, b = rl.num_generations, rl.batch_prompts
+    parts = [(list(examples), host, rewards)]
+    rounds = 0
+
+    def informative():
+        return sum(int((~zero_variance_groups(r.total, g)).sum()) for _, _, r in parts)
+
+    while informative() < b and rounds < rl.dynamic_sampling_max_rounds:
+        rounds += 1
+        more = draw()
+        parts.append((list(more), *sample_scored(more, jax.random.fold_in(rng, rounds))))
+    flat = [(part, k) for part, (_, _, r) in enumerate(parts)
+            for k in np.flatnonzero(~zero_variance_groups(r.total, g))]
+    informative = len(flat)
+    if informative < b:  # the cap was hit: top up with zero-variance groups
+        flat += [(0, k) for k in np.flatnonzero(zero_variance_groups(parts[0][2].total, g))]
+    drawn = sum(len(e) for e, _, _ in parts)
+    metrics = {"dynamic_sampling/extra_rounds": float(rounds),
+               "dynamic_sampling/zero_variance_groups": float(drawn - informative),
+               "dynamic_sampling/filled_groups": float(max(0, b - informative))}
+    return (*merge_groups(parts, flat[:b], g, rl.train_length_bucket, rl.max_new_tokens),
+            metrics)

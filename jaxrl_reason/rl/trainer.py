@@ -41,8 +41,7 @@ from jaxrl_reason.runtime.metrics import MetricsWriter, format_line
 from jaxrl_reason.runtime.progress import ProgressBar
 from jaxrl_reason.runtime.reliability import Preempted, SkipGuard, stop_requested
 from jaxrl_reason.rewards.pool import BatchRewards, make_reward_pool
-from jaxrl_reason.rl.batches import (Collected, Rollout, merge_groups, select_train_rows,
-                                     zero_variance_groups)
+from jaxrl_reason.rl.batches import Collected, Rollout, dynamic_sampling, select_train_rows
 from jaxrl_reason.rl.rollout_metrics import rollout_metrics
 from jaxrl_reason.rl.losses import kl_penalty, kl_reward_penalty
 from jaxrl_reason.rl.learned_reward import load_reward_component
@@ -51,6 +50,7 @@ from jaxrl_reason.models.lora_params import check_rl_config as check_lora_rl_con
 from jaxrl_reason.models.lora_params import for_training as lora_for_training
 from jaxrl_reason.rl.critic import Critic
 from jaxrl_reason.rl.partial import PartialRollouts
+from jaxrl_reason.rl.staleness import RolloutQueue, Sampled
 from jaxrl_reason.rl.group_estimator import GroupEstimator
 from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
@@ -140,6 +140,10 @@ class RLTrainer:
         # rl.rollout_token_budget: rows not done within it continue in later steps.
         self.partial = (PartialRollouts(rt, rl) if rl.get("rollout_token_budget", 0)
                         else None)
+        # rl.max_staleness = k > 0: up to k scored batches sampled ahead (`rl/staleness.py`).
+        stale = int(rl.get("max_staleness", 0) or 0)
+        self.queue = (RolloutQueue(stale, rl.batch_prompts * rl.num_generations,
+                                   rl.max_new_tokens) if stale else None)
 
     # ------------------------------------------------------------------ host offload
 
@@ -174,12 +178,16 @@ class RLTrainer:
             extra["ref_params"] = self.ref_params
         if self.partial is not None:  # the pending rows
             extra["partial"] = self.partial.checkpoint_arrays()
+        if self.queue is not None:  # the batches sampled ahead
+            extra["in_flight"] = self.queue.checkpoint_arrays()
         return {**extra, **self.advantage_source.checkpoint_extra()}
 
     def save(self, step: int) -> None:
         meta = {"beta": self.beta, "step": step}
         if self.partial is not None:
             meta["partial"] = self.partial.checkpoint_meta()
+        if self.queue is not None:
+            meta["in_flight"] = self.queue.checkpoint_meta()
         self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra(),
                        extra_meta=meta)
 
@@ -199,6 +207,13 @@ class RLTrainer:
         self.advantage_source.restore_extra(extra)
         if self.partial is not None:
             self.partial.restore(extra["partial"], meta["partial"])
+        if self.queue is not None:
+            if "in_flight" not in meta:
+                raise ValueError(f"rl.max_staleness={self.queue.k}: the checkpoint of step "
+                                 f"{self.step_count} holds no batches in flight (was it "
+                                 f"written with another rl.max_staleness?)")
+            self.queue.restore(distributed.to_host(extra["in_flight"]), meta["in_flight"],
+                               self.rt.encode_prompts)
         return True
 
     # ------------------------------------------------------------------ one step
@@ -208,7 +223,11 @@ class RLTrainer:
         metrics (floats): the update's, the rewards' and completions', the phase times;
         `update_skipped` = 1 and no update when every reward is non-finite."""
         self.rng, rng = jax.random.split(self.rng)
-        got = self.collect(examples, rng)
+        return self.train_on(self.collect(examples, rng))
+
+    def train_on(self, got: Collected) -> dict[str, float]:
+        """The phases after collect on `got`: shape rewards, advantages, update batch,
+        update, metrics (see `step`)."""
         t0 = time.time()
         if got.num_rows == 0:  # partial rollouts: no group is complete yet
             self.step_count += 1
@@ -221,6 +240,29 @@ class RLTrainer:
         metrics = self.update(batch)
         got.times["time/train_s"] = time.time() - t0
         return self.step_metrics(got, metrics, shaping, train_rows)
+
+    def step_ahead(self, step: int) -> tuple[dict[str, float], list]:
+        """One RL step with rl.max_staleness = k > 0 (`rl/staleness.py`): samples and scores
+        the batches still missing up to batch min(step + k, rl.steps) with the current
+        policy, then trains on the oldest one, batch `step`. Returns (metrics, its
+        examples); the metrics add async/staleness (updates between the batch's policy and
+        this one), async/stale_token_share and async/in_flight (batches left ahead)."""
+        t0 = time.time()
+        for _ in self.queue.wanted(step, self.rl.steps):
+            examples = next(self.data)
+            self.rng, rng = jax.random.split(self.rng)
+            host, rewards = self.sample_scored(examples, rng)
+            self.queue.push(Sampled(list(examples), host, rewards, self.step_count))
+        batch = self.queue.pop()
+        got = Collected(batch.examples, batch.host, rewards=batch.rewards)
+        got.times["time/sample_s"], t0 = time.time() - t0, time.time()
+        self._dispatch_reference(got)
+        got.times["time/score_s"] = time.time() - t0
+        staleness = self.step_count - batch.version
+        got.metrics.update({"async/staleness": float(staleness),
+                            "async/stale_token_share": float(staleness > 0),
+                            "async/in_flight": float(len(self.queue))})
+        return self.train_on(got), batch.examples
 
     # ------------------------------------------------------------------ collect
 
@@ -328,58 +370,34 @@ class RLTrainer:
                                                        self.step_count + 1)
             got = Collected(done, host, metrics=metrics)
         elif self.rl.dynamic_sampling:  # rows are only known after scoring: no overlap possible
-            got = Collected(*self.dynamic_sampling(examples, rng))
+            got = Collected(*dynamic_sampling(examples, rng, self.rl, lambda: next(self.data),
+                                              self.sample_scored))
         else:
             got = Collected(list(examples), self.generate(examples, rng))
         got.times["time/sample_s"], t0 = time.time() - t0, time.time()
         if got.num_rows == 0:  # partial rollouts: nothing complete to score
             return got
-        if self.packed is not None:  # rows of one length: only the pack count varies
-            got.host["length"] = got.host["tokens"].shape[1]
-        if self.ref_params is not None:  # device work first (asynchronous dispatch)
-            got.ref_logp = self.logprobs.of_step(self._reference(), got,
-                                                 lambda: self._full_rollout(got),
-                                                 self.train_lengths(got.host))
+        self._dispatch_reference(got)  # device work first (asynchronous dispatch)
         if got.rewards is None:  # then host scoring while it runs
             got.rewards = self.agreed(self.score(got.examples, got.host).result())
         got.times["time/score_s"] = time.time() - t0
         return got
 
-    def dynamic_sampling(self, examples, rng) -> tuple[list, dict, BatchRewards, dict]:
-        """Samples and scores `examples`; with `rl.dynamic_sampling` (DAPO) keeps drawing
-        batches of prompts until B groups have rewards that are not all equal, or
-        `rl.dynamic_sampling_max_rounds` extra rounds were drawn (the batch is then topped up
-        with zero-variance groups, which add nothing to the loss). Returns the B examples,
-        their host arrays (see `generate`), rewards and the dynamic-sampling metrics."""
-        rl = self.rl
+    def _dispatch_reference(self, got: Collected) -> None:
+        """With rl.packing, the rows' length is the buffer's; with a reference, its
+        log-probs of `got`'s rows are dispatched on the device (`got.ref_logp`)."""
+        if self.packed is not None:  # rows of one length: only the pack count varies
+            got.host["length"] = got.host["tokens"].shape[1]
+        if self.ref_params is not None:
+            got.ref_logp = self.logprobs.of_step(self._reference(), got,
+                                                 lambda: self._full_rollout(got),
+                                                 self.train_lengths(got.host))
+
+    def sample_scored(self, examples, rng) -> tuple[dict, BatchRewards]:
+        """`generate`'s host arrays for `examples` and their rewards, agreed by every
+        process."""
         host = self.generate(examples, rng)
-        rewards = self.agreed(self.score(examples, host).result())
-        if not rl.dynamic_sampling:
-            return list(examples), host, rewards, {}
-        g, b = rl.num_generations, rl.batch_prompts
-        parts = [(list(examples), host, rewards)]
-        rounds = 0
-
-        def informative():
-            return sum(int((~zero_variance_groups(r.total, g)).sum()) for _, _, r in parts)
-
-        while informative() < b and rounds < rl.dynamic_sampling_max_rounds:
-            rounds += 1
-            more = next(self.data)
-            more_host = self.generate(more, jax.random.fold_in(rng, rounds))
-            parts.append((list(more), more_host,
-                          self.agreed(self.score(more, more_host).result())))
-        flat = [(part, k) for part, (_, _, r) in enumerate(parts)
-                for k in np.flatnonzero(~zero_variance_groups(r.total, g))]
-        informative = len(flat)
-        if informative < b:  # the cap was hit: top up with zero-variance groups
-            flat += [(0, k) for k in np.flatnonzero(zero_variance_groups(parts[0][2].total, g))]
-        drawn = sum(len(e) for e, _, _ in parts)
-        metrics = {"dynamic_sampling/extra_rounds": float(rounds),
-                   "dynamic_sampling/zero_variance_groups": float(drawn - informative),
-                   "dynamic_sampling/filled_groups": float(max(0, b - informative))}
-        return (*merge_groups(parts, flat[:b], g, self.rl.train_length_bucket,
-                              self.rl.max_new_tokens), metrics)
+        return host, self.agreed(self.score(examples, host).result())
 
     def _full_rollout(self, got: Collected) -> Rollout:
         """The update batch of all N rows of `got` (made once, kept in `got.rollout`)."""
@@ -553,10 +571,13 @@ class RLTrainer:
         with ProgressBar(rl.steps, f"rl/{rl.algorithm}", enabled=cfg.log.progress_bar) as bar:
             bar.update(start)
             for step in range(start + 1, rl.steps + 1):
-                examples = (next(self.data) if self.partial is None
-                            or self.partial.wants_examples() else [])
                 self.skipped_batch = None
-                metrics = self.step(examples)
+                if self.queue is not None:
+                    metrics, examples = self.step_ahead(step)
+                else:
+                    examples = (next(self.data) if self.partial is None
+                                or self.partial.wants_examples() else [])
+                    metrics = self.step(examples)
                 self.writer.write(step, metrics, phase="rl")
                 bar.update(1, format_line(step, metrics, keys=("reward/mean", "accuracy", "kl",
                                                                "completion/length_mean")))
