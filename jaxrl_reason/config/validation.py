@@ -25,7 +25,7 @@ from jaxrl_reason.runtime.sharding import MESH_AXES, resolve_mesh_shape, rule_ax
 from jaxrl_reason.tools import tool_config_problems
 
 # Algorithms whose baseline is the group: they need at least two samples per prompt.
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "passk")
 
 
 class ConfigError(ValueError):
@@ -189,6 +189,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     _one_of(problems, config, "rl.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS) + ("gae",))
     _one_of(problems, config, "rl.policy_loss_mode", POLICY_LOSS_MODES)
     problems += _algorithm_problems(config)
+    problems += _passk_problems(config)
     _one_of(problems, config, "kernels.backend", ("auto", "pallas", "reference"))
     if _get(config, "model.attention_impl") is not None:  # optional: older configs lack it
         _one_of(problems, config, "model.attention_impl", ATTENTION_IMPLS)
@@ -229,6 +230,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> list
     problems += _context_problems(config, num_devices, context, dp)
     problems += _refill_problems(config, dp, context)
     problems += _partial_rollout_problems(config)
+    problems += _staleness_problems(config)
     bucket = _get(config, "rl.train_length_bucket")
     if isinstance(bucket, int) and isinstance(_get(config, "rl.max_new_tokens"), int) \
             and bucket > config.rl.max_new_tokens:
@@ -383,6 +385,35 @@ def _partial_rollout_problems(config) -> list[str]:
     return problems
 
 
+def _staleness_problems(config) -> list[str]:
+    """rl.max_staleness (batches sampled ahead of the update; 0 or None = synchronous) and
+    what it cannot combine with yet."""
+    k = _get(config, "rl.max_staleness", 0)
+    if k is None or (k == 0 and not isinstance(k, bool)):
+        return []
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        return [f"rl.max_staleness: must be a whole number of steps >= 0 (0 = synchronous), "
+                f"got {k!r}"]
+    problems = []
+    tis = _get(config, "rl.tis_cap", 0.0)
+    if not (isinstance(tis, (int, float)) and tis > 0):
+        problems.append("rl.max_staleness: batches sampled by older policies need the "
+                        "decoupled objective's behaviour weight; set rl.tis_cap > 0 (e.g. 2.0)")
+    refused = (("rl.rollout_token_budget", bool(_get(config, "rl.rollout_token_budget", 0)),
+                "partial rollouts"),
+               ("rl.advantage_estimator", _get(config, "rl.advantage_estimator") == "gae",
+                "the PPO critic (advantage_estimator='gae')"),
+               ("rl.dynamic_sampling", bool(_get(config, "rl.dynamic_sampling", False)),
+                "DAPO dynamic sampling"),
+               ("tools.enabled", bool(_get(config, "tools.enabled", False)),
+                "tool-use rollouts"))
+    for key, on, what in refused:
+        if on:
+            problems.append(f"rl.max_staleness: not supported with {what} yet; set {key} off "
+                            f"or rl.max_staleness=0")
+    return problems
+
+
 def _tool_problems(config) -> list[str]:
     """config.tools (optional: off when absent or not enabled) and what it cannot combine
     with yet; task.tool_demo_fraction."""
@@ -401,6 +432,38 @@ def _tool_problems(config) -> list[str]:
             or not 0.0 <= fraction <= 1.0:
         problems.append(f"task.tool_demo_fraction: must be a fraction in [0, 1], got "
                         f"{fraction!r}")
+    return problems
+
+
+def _passk_problems(config) -> list[str]:
+    """rl.passk_k (optional: older configs lack it; 0 = unset) and what "passk" needs: its k
+    in [1, rl.num_generations], and a reward that can only be 0 or 1 (one reward component
+    weighted 1.0, no KL or reward model in it; the trainer checks the values too)."""
+    estimator, k = _get(config, "rl.advantage_estimator"), _get(config, "rl.passk_k", 0)
+    group = _get(config, "rl.num_generations")
+    if estimator != "passk":
+        if k not in (0, None):
+            return [f"rl.passk_k: {k!r} is read by rl.advantage_estimator 'passk' only, not "
+                    f"{estimator!r}; set it to 0 or use 'passk'"]
+        return []
+    problems = []
+    if isinstance(k, bool) or not isinstance(k, int) or not (
+            isinstance(group, int) and 1 <= k <= group):
+        problems.append(f"rl.passk_k: advantage_estimator 'passk' needs the k of its pass@k "
+                        f"objective, an int in [1, rl.num_generations={group!r}], got {k!r}")
+    weights = {name: w for name, w in dict(_get(config, "rewards.weights", {}) or {}).items()
+               if w != 0}
+    if len(weights) != 1 or list(weights.values())[0] != 1:
+        problems.append(f"rewards.weights: advantage_estimator 'passk' counts correct samples "
+                        f"and needs 0/1 rewards: weight one 0/1 component 1.0 and the others "
+                        f"0 (e.g. --config.rewards.weights.format_strict=0.0), got "
+                        f"{weights or dict(_get(config, 'rewards.weights', {}) or {})}")
+    if _get(config, "rl.kl_in_reward", False):
+        problems.append("rl.kl_in_reward: advantage_estimator 'passk' needs 0/1 rewards; the "
+                        "KL penalty in the reward makes them continuous")
+    if _get(config, "rewards.reward_model_weight", 0.0) not in (0, 0.0, None):
+        problems.append("rewards.reward_model_weight: advantage_estimator 'passk' needs 0/1 "
+                        "rewards; a reward model's score is continuous (use weight 0)")
     return problems
 
 

@@ -104,24 +104,27 @@ def fallback_reason_group_advantages(*, estimator: str = "grpo",
 
 def group_advantages(rewards, group_size: int, *, estimator: str = "grpo",
                      scale: str = "group", eps: float = 1e-6, ddof: int = 0,
-                     backend: str = "auto") -> jax.Array:
+                     passk_k: int | None = None, backend: str = "auto") -> jax.Array:
     """``advantages.group_advantages`` on the chosen backend.
 
     Args: as the reference (rewards real ``[N]`` group-major, static ``group_size``,
-      ``estimator``, ``scale``, ``eps``, ``ddof``), plus ``backend`` (see the module docstring).
+      ``estimator``, ``scale``, ``eps``, ``ddof``, ``passk_k``), plus ``backend`` (see the
+      module docstring). No kernel implements "passk": it always runs the reference.
     Returns: float32 ``[N]`` advantages.
     """
     if resolve_backend(backend) == "pallas":
         module = _kernel_modules().advantage
         reason = fallback_reason_group_advantages(estimator=estimator, scale=scale)
-        if reason is None:
+        if reason is None and passk_k is None:  # passk_k elsewhere: the reference refuses it
             adv, _ = module.group_advantage(rewards, group_size, estimator=estimator,
                                             scale=scale, eps=eps, ddof=ddof,
                                             interpret=not platform.compiles_kernels())
             return adv
-        _note_fallback(_kernel_name(module), reason)
+        if reason is not None:
+            _note_fallback(_kernel_name(module), reason)
     return advantages_reference.group_advantages(rewards, group_size, estimator=estimator,
-                                                 scale=scale, eps=eps, ddof=ddof)
+                                                 scale=scale, eps=eps, ddof=ddof,
+                                                 passk_k=passk_k)
 
 
 def group_stats(rewards, group_size: int, *, ddof: int = 0,

@@ -23,13 +23,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_reason.rl import backends as kernel_dispatch
+from jaxrl_reason.rl.advantages import binary_reward_problem, check_passk_k
 from jaxrl_reason.rl.batches import Rollout
 from jaxrl_reason.runtime import distributed
 
 
 class GroupEstimator:
     """Advantages of each row from its group's rewards (`rl.advantage_estimator`, scaled by
-    `rl.advantage_scale`), on the kernel backend `backend` ("auto", "reference", ...)."""
+    `rl.advantage_scale`), on the kernel backend `backend` ("auto", "reference", ...).
+
+    "passk" reads its k from `rl.passk_k` (required, in [1, rl.num_generations]) and refuses
+    a batch whose rewards are not all exactly 0 or 1 instead of thresholding them."""
 
     per_token = False
 
@@ -38,6 +42,10 @@ class GroupEstimator:
         self.estimator = rl.advantage_estimator
         self.scale = rl.advantage_scale
         self.backend = backend
+        self.passk_k = None
+        if self.estimator == "passk":
+            self.passk_k = getattr(rl, "passk_k", None)
+            check_passk_k(self.passk_k, self.num_generations, name="rl.passk_k")
 
     def advantages(self, seq_rewards: np.ndarray, rollout: Callable[[], Rollout],
                    kl: jax.Array | None, beta: float, lengths: np.ndarray,
@@ -49,11 +57,19 @@ class GroupEstimator:
         sequence rewards already; nor are `packs` (a packed critic's). `lengths` is int [N], the tokens each row's loss sees.
         Returns {"advantages": f32 [N] host}, 0 on rows of length 0 (the loss sees none of
         their tokens, e.g. truncated rows under `rl.mask_truncated_completions`).
+        Raises ValueError for "passk" when a reward is not exactly 0 or 1.
         """
         del rollout, kl, beta, packs
+        if self.estimator == "passk":
+            problem = binary_reward_problem(seq_rewards)
+            if problem is not None:
+                raise ValueError(
+                    f"rl.advantage_estimator 'passk': {problem}. Weight one 0/1 reward "
+                    "component 1.0 and the others 0 (e.g. --config.rewards.weights."
+                    "format_strict=0.0), with no KL or reward model in the reward")
         advantages = np.asarray(distributed.to_host(kernel_dispatch.group_advantages(
             jnp.asarray(seq_rewards), self.num_generations, estimator=self.estimator,
-            scale=self.scale, backend=self.backend)), np.float32)
+            scale=self.scale, passk_k=self.passk_k, backend=self.backend)), np.float32)
         return {"advantages": np.where(lengths > 0, advantages, 0.0).astype(np.float32)}
 
     def trains_policy(self, step: int) -> bool:
