@@ -143,7 +143,7 @@ class RolloutQueue:
     def checkpoint_meta(self) -> dict[str, Any]:
         """What the arrays do not hold, as JSON: per batch its examples, width, training
         length, rewards and version."""
-        meta = {"batches": [{"examples": s.examples, "width": int(s.host["tokens"].shape[1]),
+        meta = {"k": self.k, "batches": [{"examples": s.examples, "width": int(s.host["tokens"].shape[1]),
                              "length": int(s.host["length"]), "version": int(s.version),
                              "rewards": rewards_to_json(s.rewards)} for s in self.entries]}
         try:

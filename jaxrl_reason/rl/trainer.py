@@ -193,6 +193,14 @@ class RLTrainer:
 
     def restore(self) -> bool:
         """Continues from the newest complete RL checkpoint; False when there is none."""
+        if self.ckpt.latest_step() is not None:  # before the arrays: their shapes depend on k
+            saved = self.ckpt.ckpt.metadata().get("in_flight", {}).get("k", 0)
+            if saved != (self.queue.k if self.queue is not None else 0):
+                raise ValueError(
+                    f"the RL checkpoint in {self.ckpt.ckpt.directory} was written with "
+                    f"rl.max_staleness={saved}, this run has "
+                    f"{self.queue.k if self.queue is not None else 0}: resume with the same "
+                    f"value (its batches in flight are part of the checkpoint)")
         restored = self.ckpt.restore_latest(self.state, self._extra())
         if restored is None:
             return False
@@ -208,10 +216,6 @@ class RLTrainer:
         if self.partial is not None:
             self.partial.restore(extra["partial"], meta["partial"])
         if self.queue is not None:
-            if "in_flight" not in meta:
-                raise ValueError(f"rl.max_staleness={self.queue.k}: the checkpoint of step "
-                                 f"{self.step_count} holds no batches in flight (was it "
-                                 f"written with another rl.max_staleness?)")
             self.queue.restore(distributed.to_host(extra["in_flight"]), meta["in_flight"],
                                self.rt.encode_prompts)
         return True

@@ -161,6 +161,11 @@ def test_batches_in_flight_survive_save_and_restore_bit_identically(runtime, tmp
                 == {k: v for k, v in b.items() if not k.startswith("time/")})
     assert tree_equal(jax.device_get(params), jax.device_get(first.state.params))
     _close(second, w2)
+    # Resuming with another bound is refused before any array is read, naming both values.
+    other, w3 = _make_in(runtime, tmp_path, TIS, "--config.rl.steps=6")
+    with pytest.raises(ValueError, match=r"rl.max_staleness=2, this run has 0"):
+        other.restore()
+    _close(other, w3)
 
 
 @pytest.mark.parametrize("change, words", [
