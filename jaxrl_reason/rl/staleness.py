@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxrl_reason.rewards.pool import BatchRewards
 
-__all__ = ["behaviour_version", "Sampled", "RolloutQueue"]
+__all__ = ["behaviour_version", "check_resume_bound", "Sampled", "RolloutQueue"]
 
 
 def behaviour_version(batch: int, k: int) -> int:
@@ -45,15 +45,27 @@ def behaviour_version(batch: int, k: int) -> int:
     return max(0, batch - 1 - k)
 
 
+def check_resume_bound(meta: dict, queue: "RolloutQueue | None", where) -> None:
+    """Refuse to resume from a checkpoint (its metadata `meta`, in `where`) written with
+    another rl.max_staleness than this run's (`queue`, None for 0): the arrays of its
+    batches in flight are shaped by k."""
+    saved = int(meta.get("in_flight", {}).get("k", 0))
+    wanted = queue.k if queue is not None else 0
+    if saved != wanted:
+        raise ValueError(f"the RL checkpoint in {where} was written with rl.max_staleness="
+                         f"{saved}, this run has {wanted}: resume with the same value (its "
+                         f"batches in flight are part of the checkpoint)")
+
+
 @dataclasses.dataclass
 class Sampled:
     """One scored batch in flight: `examples` (B dicts), `host` (`RLTrainer.generate`'s
     numpy dict: tokens int32 [N, W], sampler_logp f32 [N, W], lengths int32 [N],
-    truncated bool [N], prompt_tokens, prompt_valid, `length`), its `rewards` and the
-    policy `version` that sampled it."""
+    truncated bool [N], prompt_tokens, prompt_valid, `length`), its `rewards` (or a future
+    of them while host threads score it) and the policy `version` that sampled it."""
     examples: list
     host: dict
-    rewards: BatchRewards
+    rewards: Any
     version: int
 
 
@@ -117,6 +129,15 @@ class RolloutQueue:
     def pop(self) -> Sampled:
         return self.entries.popleft()
 
+    @staticmethod
+    def settled(sampled: Sampled, agree: Callable[[BatchRewards], BatchRewards]
+                ) -> BatchRewards:
+        """`sampled`'s rewards, waiting for its scoring future if it is one (then passed
+        through `agree`, the trainer's agreement across processes, and kept)."""
+        if not isinstance(sampled.rewards, BatchRewards):
+            sampled.rewards = agree(sampled.rewards.result())
+        return sampled.rewards
+
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
@@ -140,9 +161,12 @@ class RolloutQueue:
             out["truncated"][i] = s.host["truncated"]
         return out
 
-    def checkpoint_meta(self) -> dict[str, Any]:
+    def checkpoint_meta(self, agree: Callable[[BatchRewards], BatchRewards] = lambda r: r
+                        ) -> dict[str, Any]:
         """What the arrays do not hold, as JSON: per batch its examples, width, training
-        length, rewards and version."""
+        length, rewards (waited for: `settled`) and version."""
+        for s in self.entries:
+            self.settled(s, agree)
         meta = {"k": self.k, "batches": [{"examples": s.examples, "width": int(s.host["tokens"].shape[1]),
                              "length": int(s.host["length"]), "version": int(s.version),
                              "rewards": rewards_to_json(s.rewards)} for s in self.entries]}

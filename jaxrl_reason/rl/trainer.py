@@ -50,7 +50,7 @@ from jaxrl_reason.models.lora_params import check_rl_config as check_lora_rl_con
 from jaxrl_reason.models.lora_params import for_training as lora_for_training
 from jaxrl_reason.rl.critic import Critic
 from jaxrl_reason.rl.partial import PartialRollouts
-from jaxrl_reason.rl.staleness import RolloutQueue, Sampled
+from jaxrl_reason.rl.staleness import RolloutQueue, Sampled, check_resume_bound
 from jaxrl_reason.rl.group_estimator import GroupEstimator
 from jaxrl_reason.checkpoints.phases import PhaseCheckpointer
 from jaxrl_reason.data.tasks import task_source, task_verifier
@@ -187,20 +187,14 @@ class RLTrainer:
         if self.partial is not None:
             meta["partial"] = self.partial.checkpoint_meta()
         if self.queue is not None:
-            meta["in_flight"] = self.queue.checkpoint_meta()
+            meta["in_flight"] = self.queue.checkpoint_meta(self.agreed)
         self.ckpt.save(step, self.state, self.data.get_state(), extra=self._extra(),
                        extra_meta=meta)
 
     def restore(self) -> bool:
         """Continues from the newest complete RL checkpoint; False when there is none."""
         if self.ckpt.latest_step() is not None:  # before the arrays: their shapes depend on k
-            saved = self.ckpt.ckpt.metadata().get("in_flight", {}).get("k", 0)
-            if saved != (self.queue.k if self.queue is not None else 0):
-                raise ValueError(
-                    f"the RL checkpoint in {self.ckpt.ckpt.directory} was written with "
-                    f"rl.max_staleness={saved}, this run has "
-                    f"{self.queue.k if self.queue is not None else 0}: resume with the same "
-                    f"value (its batches in flight are part of the checkpoint)")
+            check_resume_bound(self.ckpt.ckpt.metadata(), self.queue, self.ckpt.ckpt.directory)
         restored = self.ckpt.restore_latest(self.state, self._extra())
         if restored is None:
             return False
@@ -250,17 +244,21 @@ class RLTrainer:
         the batches still missing up to batch min(step + k, rl.steps) with the current
         policy, then trains on the oldest one, batch `step`. Returns (metrics, its
         examples); the metrics add async/staleness (updates between the batch's policy and
-        this one), async/stale_token_share and async/in_flight (batches left ahead)."""
+        this one), async/stale_token_share and async/in_flight (batches left ahead). A batch
+        is scored on host threads from when it is sampled until it is trained on, while the
+        device updates on the batches before it."""
         t0 = time.time()
-        for _ in self.queue.wanted(step, self.rl.steps):
+        for _ in self.queue.wanted(step, self.rl.steps):  # scored on host threads meanwhile
             examples = next(self.data)
             self.rng, rng = jax.random.split(self.rng)
-            host, rewards = self.sample_scored(examples, rng)
-            self.queue.push(Sampled(list(examples), host, rewards, self.step_count))
+            host = self.generate(examples, rng)
+            self.queue.push(Sampled(list(examples), host, self.score(examples, host),
+                                    self.step_count))
         batch = self.queue.pop()
-        got = Collected(batch.examples, batch.host, rewards=batch.rewards)
+        got = Collected(batch.examples, batch.host)
         got.times["time/sample_s"], t0 = time.time() - t0, time.time()
         self._dispatch_reference(got)
+        got.rewards = self.queue.settled(batch, self.agreed)  # usually scored long ago
         got.times["time/score_s"] = time.time() - t0
         staleness = self.step_count - batch.version
         got.metrics.update({"async/staleness": float(staleness),

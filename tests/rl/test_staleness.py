@@ -75,9 +75,17 @@ def _batch(seed, rows=4, width=5, nan=False):
 def test_batches_in_flight_round_trip_exactly():
     """Arrays padded to the checkpoint's width, metadata through JSON (a NaN reward and
     float32 values exact), prompts encoded again from the examples."""
+    import concurrent.futures
+
     queue = RolloutQueue(3, rows=4, width=8)
     queue.push(_batch(1, width=5, nan=True))
-    queue.push(_batch(2, width=8))
+    scoring = _batch(2, width=8)  # still being scored on host threads when saved
+    future = concurrent.futures.Future()
+    future.set_result(scoring.rewards)
+    queue.push(Sampled(scoring.examples, scoring.host, future, scoring.version))
+    agreed = []
+    queue.checkpoint_meta(lambda r: agreed.append(r) or r)
+    assert agreed == [scoring.rewards] and queue.entries[1].rewards is scoring.rewards
     arrays = queue.checkpoint_arrays()
     assert arrays["tokens"].shape == (3, 4, 8) and not arrays["tokens"][2].any()
     meta = json.loads(json.dumps(queue.checkpoint_meta()))
