@@ -72,7 +72,6 @@ normalizer is the plain global token count.
 """
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Callable
 
@@ -291,10 +290,6 @@ def aggregate_loss(
 # ----------------------------------------------------------------------------- policy loss
 
 
-# A token's sampler/trainer probability ratio outside [1/2, 2] counts in "logp_diff_frac".
-MISMATCH_RATIO = 2.0
-
-
 def sampler_mismatch(old_logp: Array, sampler_logp: Array, mask: Array, *,
                      tis_cap: float | None = None) -> tuple[Array, dict[str, Array]]:
     """Sampler/trainer mismatch: the truncated importance weight and its metrics.
@@ -307,11 +302,7 @@ def sampler_mismatch(old_logp: Array, sampler_logp: Array, mask: Array, *,
     Returns:
       (w f32 [B, L] = min(exp(old_logp - sampler_logp), C) (1 where masked: both are 0);
        {"sampler_kl": masked token mean of the k3 estimate of KL(sampler || old),
-        "tis_weight_mean", "tis_clip_frac" (0 without a cap), and the mismatch diagnostics
-        of d = old_logp - sampler_logp over the valid tokens (as verl's rollout-correction
-        metrics): "logp_diff_mean" (mean |d|), "logp_diff_max" (max |d|, 0 without a valid
-        token), "logp_diff_frac" (share of tokens whose ratio exp(d) lies outside
-        [1 / MISMATCH_RATIO, MISMATCH_RATIO], i.e. |d| > log MISMATCH_RATIO)}).
+        "tis_weight_mean", "tis_clip_frac" (0 without a cap)}).
     """
     valid = jnp.asarray(mask) != 0
     m = valid.astype(jnp.float32)
@@ -324,14 +315,9 @@ def sampler_mismatch(old_logp: Array, sampler_logp: Array, mask: Array, *,
     capped = jnp.zeros_like(m)
     if tis_cap is not None:
         weight, capped = jnp.minimum(weight, tis_cap), (weight > tis_cap).astype(jnp.float32)
-    diff = jnp.abs(old - sampler)  # 0 where masked
     return weight, {"sampler_kl": masked_mean(kl_k3(sampler, old), m),
                     "tis_weight_mean": masked_mean(weight, m),
-                    "tis_clip_frac": masked_mean(capped, m),
-                    "logp_diff_mean": masked_mean(diff, m),
-                    "logp_diff_max": jnp.max(diff, initial=0.0),
-                    "logp_diff_frac": masked_mean(
-                        (diff > math.log(MISMATCH_RATIO)).astype(jnp.float32), m)}
+                    "tis_clip_frac": masked_mean(capped, m)}
 
 
 def policy_loss(

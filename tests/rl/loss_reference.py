@@ -95,7 +95,7 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
     pg = np.zeros((b_size, length))
     dtok = np.zeros((b_size, length))
     counts = dict(low=0, high=0, dual=0, n=0, ratio=0.0, kl=0.0, ent=0.0, skl=0.0, w=0.0,
-                  capped=0, abs_kl=0.0, adiff=0.0, dmax=0.0, dfar=0)
+                  capped=0, abs_kl=0.0)
     tok_abs = np.zeros((b_size, length))  # |pg| + beta |kl| + entropy_coef |entropy|
     ratio_max, seqs = 0.0, []
     for b in range(b_size):
@@ -112,9 +112,6 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
                 d = old[b, t] - samp[b, t]
                 w = math.exp(d)
                 counts["skl"] += math.exp(d) - d - 1.0
-                counts["adiff"] += abs(d)
-                counts["dmax"] = max(counts["dmax"], abs(d))
-                counts["dfar"] += not 0.5 <= w <= 2.0
                 if tis_cap is not None:
                     counts["capped"] += w > tis_cap
                     w = min(w, tis_cap)
@@ -170,8 +167,7 @@ def reference(batch, loss_type, *, beta=0.0, kl_estimator="k3", max_completion_l
         metrics["clip_frac_dual"] = counts["dual"] / n
     if use_sampler:
         metrics.update(sampler_kl=counts["skl"] / n, tis_weight_mean=counts["w"] / n,
-                       tis_clip_frac=counts["capped"] / n, logp_diff_mean=counts["adiff"] / n,
-                       logp_diff_max=counts["dmax"], logp_diff_frac=counts["dfar"] / n)
+                       tis_clip_frac=counts["capped"] / n)
     magnitudes = {"n": b_size * length, "loss": float(np.sum(np.abs(weights) * tok_abs)),
                   "pg_loss": float(np.sum(np.abs(weights * pg))), "kl": counts["abs_kl"] / n}
     return (float(np.sum(weights * tok)), metrics, weights * dtok,
