@@ -372,17 +372,23 @@ def _partial_rollout_problems(config) -> list[str]:
         problems.append("rl.rollout_token_budget: partial rollouts train on tokens of older "
                         "policies; set rl.tis_cap > 0 (the truncated importance weight "
                         "against their behaviour log-probs, e.g. 2.0)")
-    refused = (("rl.advantage_estimator", _get(config, "rl.advantage_estimator") == "gae",
-                "the PPO critic (advantage_estimator='gae')"),
-               ("rl.dynamic_sampling", bool(_get(config, "rl.dynamic_sampling", False)),
-                "DAPO dynamic sampling"),
-               ("tools.enabled", bool(_get(config, "tools.enabled", False)),
-                "tool-use rollouts"))
-    for key, on, what in refused:
-        if on:
-            problems.append(f"rl.rollout_token_budget: partial rollouts do not support {what}; "
-                            f"set {key} off or rl.rollout_token_budget=0")
+    for key, what in _off_policy_conflicts(config):
+        problems.append(f"rl.rollout_token_budget: partial rollouts do not support {what}; "
+                        f"set {key} off or rl.rollout_token_budget=0")
     return problems
+
+
+def _off_policy_conflicts(config) -> list[tuple[str, str]]:
+    """(key, what) of the switches on in `config` that the off-policy rollout modes (partial
+    rollouts, bounded staleness) do not combine with yet: the PPO critic, dynamic sampling,
+    tool-use rollouts."""
+    switches = (("rl.advantage_estimator", _get(config, "rl.advantage_estimator") == "gae",
+                 "the PPO critic (advantage_estimator='gae')"),
+                ("rl.dynamic_sampling", bool(_get(config, "rl.dynamic_sampling", False)),
+                 "DAPO dynamic sampling"),
+                ("tools.enabled", bool(_get(config, "tools.enabled", False)),
+                 "tool-use rollouts"))
+    return [(key, what) for key, on, what in switches if on]
 
 
 def _staleness_problems(config) -> list[str]:
@@ -399,18 +405,12 @@ def _staleness_problems(config) -> list[str]:
     if not (isinstance(tis, (int, float)) and tis > 0):
         problems.append("rl.max_staleness: batches sampled by older policies need the "
                         "decoupled objective's behaviour weight; set rl.tis_cap > 0 (e.g. 2.0)")
-    refused = (("rl.rollout_token_budget", bool(_get(config, "rl.rollout_token_budget", 0)),
-                "partial rollouts"),
-               ("rl.advantage_estimator", _get(config, "rl.advantage_estimator") == "gae",
-                "the PPO critic (advantage_estimator='gae')"),
-               ("rl.dynamic_sampling", bool(_get(config, "rl.dynamic_sampling", False)),
-                "DAPO dynamic sampling"),
-               ("tools.enabled", bool(_get(config, "tools.enabled", False)),
-                "tool-use rollouts"))
-    for key, on, what in refused:
-        if on:
-            problems.append(f"rl.max_staleness: not supported with {what} yet; set {key} off "
-                            f"or rl.max_staleness=0")
+    conflicts = _off_policy_conflicts(config)
+    if _get(config, "rl.rollout_token_budget", 0):
+        conflicts.insert(0, ("rl.rollout_token_budget", "partial rollouts"))
+    for key, what in conflicts:
+        problems.append(f"rl.max_staleness: not supported with {what} yet; set {key} off "
+                        f"or rl.max_staleness=0")
     return problems
 
 

@@ -6,7 +6,6 @@ and bad settings are refused."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -16,12 +15,9 @@ import numpy as np
 import pytest
 
 from cli_runs import ARITH, final_params, load_config, metrics_by_step, train_until_killed
-from trainer_support import BASE, MAX_NEW, SMOKE, tree_equal
-from jaxrl_reason.cli import parse
+from trainer_support import (MAX_NEW, SMOKE, assert_resumed_like, close_trainer, trainer_in,
+                             tree_equal)
 from jaxrl_reason.config.validation import validate_config
-from jaxrl_reason.models.params import init_params
-from jaxrl_reason.rl.trainer import RLTrainer
-from jaxrl_reason.runtime.metrics import MetricsWriter
 from jaxrl_reason.sampling.continuation import Continuation
 from jaxrl_reason.sampling.filters import per_row_keys
 
@@ -89,26 +85,9 @@ def test_a_paused_row_continues_with_the_tokens_of_an_uninterrupted_one(make_tra
     np.testing.assert_allclose(out.logprobs, whole.logprobs[rows, first:], atol=1e-5)
 
 
-def make_in(runtime, workdir, *overrides):
-    """A trainer on `workdir` (two trainers on one workdir share its checkpoints)."""
-    _, fv = parse(["jaxrl-reason", "train", "--config", SMOKE, *BASE, *overrides])
-    cfg = fv.config
-    cfg.rewards.weights = type(cfg.rewards.weights)(WEIGHTS)
-    rt = dataclasses.replace(runtime, config=cfg, workdir=str(workdir))
-    params = init_params(rt.model_cfg, jax.random.key(0), rt.mesh, rt.rules)
-    writer = MetricsWriter(str(workdir), tensorboard=False, console=False)
-    return RLTrainer(rt, writer, init_params=params), writer
-
-
-def close(trainer, writer):
-    trainer.rewards.close()
-    trainer.ckpt.close()
-    writer.close()
-
-
 def test_pending_rows_survive_save_and_restore_bit_identically(runtime, tmp_path):
     flags = partial_flags(6)
-    first, w1 = make_in(runtime, tmp_path, *flags)
+    first, w1 = trainer_in(runtime, tmp_path, WEIGHTS, *flags)
     trained = []  # (step, pool of the groups trained)
     host = first.partial.host
     first.partial.host = lambda pool: (trained.append((first.step_count + 1, pool)),
@@ -136,24 +115,18 @@ def test_pending_rows_survive_save_and_restore_bit_identically(runtime, tmp_path
             assert np.all(p.version[4 * k:4 * k + 4, :6] == 2)
             checked += 1
     assert checked > 0
-    close(first, w1)
+    close_trainer(first, w1)
 
     # A fresh trainer on the workdir: `run` restores step 3 and runs steps 4-6.
-    second, w2 = make_in(runtime, tmp_path, *flags, "--config.rl.steps=6")
+    second, w2 = trainer_in(runtime, tmp_path, WEIGHTS, *flags, "--config.rl.steps=6")
     assert second.restore() and second.step_count == 3
     assert len(second.partial.pool.examples) == pending
     assert len(second.partial.backlog) == backlog
     params = second.run()
     w2.flush()
-    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-    again = [r for r in records if r["phase"] == "rl"]
-    assert [r["step"] for r in again] == [4, 5, 6]
-    for a, b in zip(again, tail):
-        assert ({k: v for k, v in a.items() if k not in ("step", "phase", "time")
-                 and not k.startswith("time/")}
-                == {k: v for k, v in b.items() if not k.startswith("time/")})
+    assert_resumed_like(tmp_path, [4, 5, 6], tail)
     assert tree_equal(jax.device_get(params), jax.device_get(first.state.params))
-    close(second, w2)
+    close_trainer(second, w2)
 
 
 def test_rows_older_than_the_max_age_are_dropped_and_counted(make_trainer):

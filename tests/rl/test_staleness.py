@@ -6,7 +6,6 @@ save and restore bit-identically, and bad settings are refused."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 
 import jax
@@ -14,14 +13,10 @@ import numpy as np
 import pytest
 
 from cli_runs import ARITH, load_config
-from trainer_support import BASE, SMOKE, tree_equal
-from jaxrl_reason.cli import parse
+from trainer_support import assert_resumed_like, close_trainer, trainer_in, tree_equal
 from jaxrl_reason.config.validation import validate_config
-from jaxrl_reason.models.params import init_params
 from jaxrl_reason.rewards.pool import BatchRewards
 from jaxrl_reason.rl.staleness import RolloutQueue, Sampled, behaviour_version
-from jaxrl_reason.rl.trainer import RLTrainer
-from jaxrl_reason.runtime.metrics import MetricsWriter
 
 WEIGHTS = {"_test_text_length": 1.0}
 TIS = "--config.rl.tis_cap=2.0"
@@ -128,52 +123,29 @@ def test_staleness_trains_on_batches_of_older_policies(make_trainer):
     assert run[1]["sampler_kl"] > max(100 * run[0]["sampler_kl"], 1e-7)
 
 
-def _make_in(runtime, workdir, *overrides):
-    """A trainer on `workdir` (two trainers on one workdir share its checkpoints)."""
-    _, fv = parse(["jaxrl-reason", "train", "--config", SMOKE, *BASE, *overrides])
-    cfg = fv.config
-    cfg.rewards.weights = type(cfg.rewards.weights)(WEIGHTS)
-    rt = dataclasses.replace(runtime, config=cfg, workdir=str(workdir))
-    params = init_params(rt.model_cfg, jax.random.key(0), rt.mesh, rt.rules)
-    writer = MetricsWriter(str(workdir), tensorboard=False, console=False)
-    return RLTrainer(rt, writer, init_params=params), writer
-
-
-def _close(trainer, writer):
-    trainer.rewards.close()
-    trainer.ckpt.close()
-    writer.close()
-
-
 def test_batches_in_flight_survive_save_and_restore_bit_identically(runtime, tmp_path):
     """k = 2, saved after step 2 with batches 3 and 4 in flight: a fresh trainer restores
     them and trains steps 3-5 exactly as the uninterrupted trainer did."""
     flags = stale_flags(2, steps=5)
-    first, w1 = _make_in(runtime, tmp_path, *flags)
+    first, w1 = trainer_in(runtime, tmp_path, WEIGHTS, *flags)
     head = [first.step_ahead(n)[0] for n in (1, 2)]
     assert len(first.queue) == 2 and head[1]["async/staleness"] == 1.0
     first.save(2)
     tail = [first.step_ahead(n)[0] for n in (3, 4, 5)]
     assert [m["async/staleness"] for m in tail] == [2.0, 2.0, 2.0]
-    _close(first, w1)
+    close_trainer(first, w1)
 
-    second, w2 = _make_in(runtime, tmp_path, *flags)
+    second, w2 = trainer_in(runtime, tmp_path, WEIGHTS, *flags)
     params = second.run()  # restores step 2 with its batches in flight, runs 3-5
     w2.flush()
-    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-    again = [r for r in records if r["phase"] == "rl"]
-    assert [r["step"] for r in again] == [3, 4, 5]
-    for a, b in zip(again, tail):
-        assert ({k: v for k, v in a.items() if k not in ("step", "phase", "time")
-                 and not k.startswith("time/")}
-                == {k: v for k, v in b.items() if not k.startswith("time/")})
+    assert_resumed_like(tmp_path, [3, 4, 5], tail)
     assert tree_equal(jax.device_get(params), jax.device_get(first.state.params))
-    _close(second, w2)
+    close_trainer(second, w2)
     # Resuming with another bound is refused before any array is read, naming both values.
-    other, w3 = _make_in(runtime, tmp_path, TIS, "--config.rl.steps=6")
+    other, w3 = trainer_in(runtime, tmp_path, WEIGHTS, TIS, "--config.rl.steps=6")
     with pytest.raises(ValueError, match=r"rl.max_staleness=2, this run has 0"):
         other.restore()
-    _close(other, w3)
+    close_trainer(other, w3)
 
 
 @pytest.mark.parametrize("change, words", [

@@ -85,3 +85,42 @@ def logp_of(trainer, rollout):
     logp = trainer.logprob_fn(trainer.state.params, rollout.prompt_tokens, rollout.prompt_valid,
                               rollout.completion_tokens, rollout.mask)
     return np.asarray(jax.device_get(logp), np.float64)
+
+
+def trainer_in(runtime, workdir, weights, *overrides):
+    """(RLTrainer, MetricsWriter) of the smoke config with `overrides` and reward `weights`
+    on `workdir` (two trainers on one workdir share its checkpoints), from seed-0 params."""
+    import dataclasses
+
+    from jaxrl_reason.cli import parse
+    from jaxrl_reason.models.params import init_params
+    from jaxrl_reason.rl.trainer import RLTrainer
+    from jaxrl_reason.runtime.metrics import MetricsWriter
+
+    _, fv = parse(["jaxrl-reason", "train", "--config", SMOKE, *BASE, *overrides])
+    cfg = fv.config
+    cfg.rewards.weights = type(cfg.rewards.weights)(weights)
+    rt = dataclasses.replace(runtime, config=cfg, workdir=str(workdir))
+    params = init_params(rt.model_cfg, jax.random.key(0), rt.mesh, rt.rules)
+    writer = MetricsWriter(str(workdir), tensorboard=False, console=False)
+    return RLTrainer(rt, writer, init_params=params), writer
+
+
+def close_trainer(trainer, writer):
+    trainer.rewards.close()
+    trainer.ckpt.close()
+    writer.close()
+
+
+def assert_resumed_like(workdir, steps, want):
+    """The RL lines of <workdir>/metrics.jsonl are steps `steps`, each equal (wall times
+    aside) to the metrics dict `want` holds for it."""
+    import json
+
+    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    again = [r for r in records if r["phase"] == "rl"]
+    assert [r["step"] for r in again] == list(steps)
+    for a, b in zip(again, want):
+        assert ({k: v for k, v in a.items() if k not in ("step", "phase", "time")
+                 and not k.startswith("time/")}
+                == {k: v for k, v in b.items() if not k.startswith("time/")})
