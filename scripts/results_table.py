@@ -315,9 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         paths = args.eval_json
-        saved = len(paths) == 1 and isinstance(_read_json(paths[0]), Mapping) and \
-            "runs" in _read_json(paths[0])
-        single = len(paths) == 1 and not saved
+        first = _read_json(paths[0]) if len(paths) == 1 else None
+        single = len(paths) == 1 and not (isinstance(first, Mapping) and "runs" in first)
         if single:
             if args.save:
                 raise ResultsError("--save needs several runs")
