@@ -63,8 +63,8 @@ exactly 0 or 1 are thresholded at 0.5 here, under ``jax.jit`` where values canno
 (that code passes such rewards through unchanged as advantages). The trainer
 (``rl/group_estimator.py``) does not threshold: it refuses a batch whose rewards are not all
 0 or 1 (``binary_reward_problem``), and config validation requires ``rl.passk_k`` in
-``[1, rl.num_generations]``. ``passk_k`` defaults to 1 (pass@1, i.e. GRPO) when not given, so
-that code looping over every registered estimator runs.
+``[1, rl.num_generations]``. ``passk_k`` has no default: "passk" without it is a ValueError
+rather than a silent pass@1 (which is GRPO).
 
 New estimators and scales are added with ``register_advantage_estimator`` and
 ``register_advantage_scale`` (built-in names cannot be replaced). The kernels implement the
@@ -304,8 +304,8 @@ def group_advantages(
         its pass@k reward), "batch" (std of the centered batch) or "none".
       eps: added to the std before dividing (static float >= 0).
       ddof: 0 (population std, default) or 1 (Bessel-corrected, as TRL's ``torch.std``).
-      passk_k: the k of ``estimator="passk"`` (static int in [1, group_size]; None: 1, which
-        is GRPO); must stay None for the other estimators.
+      passk_k: the k of ``estimator="passk"`` (static int in [1, group_size], required
+        there); must stay None for the other estimators.
 
     Returns:
       float32 ``[N]`` advantages in the input's row order. Groups whose rewards are all equal
@@ -314,8 +314,8 @@ def group_advantages(
 
     Raises:
       ValueError: unknown estimator/scale (the message lists the known names), a bad shape or
-        group size, negative eps, ddof not in {0, 1}, ``passk_k`` out of [1, group_size] or
-        given to another estimator, "passk" with ``scale="group"`` and ``ddof=1``.
+        group size, negative eps, ddof not in {0, 1}, ``passk_k`` missing for "passk", out
+        of [1, group_size] or given to another estimator, "passk" with ``scale="group"`` and ``ddof=1``.
       TypeError: ``group_size`` or ``passk_k`` is not a Python int.
     """
     check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
@@ -323,7 +323,10 @@ def group_advantages(
     check_group_args(rewards, group_size, ddof, eps)
     grouped = jnp.asarray(rewards, jnp.float32).reshape(-1, group_size)
     if estimator == "passk":
-        k = 1 if passk_k is None else passk_k
+        if passk_k is None:
+            raise ValueError("estimator 'passk' needs passk_k, the k of its pass@k (an int in "
+                             f"[1, group_size={group_size}]; k = 1 is GRPO on 0/1 rewards)")
+        k = passk_k
         check_passk_k(k, group_size)
         if scale == "group" and ddof != 0:
             raise ValueError("estimator 'passk' with scale 'group' divides by the paper's "

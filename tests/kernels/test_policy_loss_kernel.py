@@ -115,7 +115,8 @@ def test_every_loss_type_estimator_and_kl(loss_type, kl_estimator):
     rewards = jnp.asarray(np.random.default_rng(0).integers(0, 3, b), jnp.float32)
     clip_ratio_c = 3.0 if kl_estimator == "k2" else None
     for estimator in sorted(ADVANTAGE_ESTIMATORS):  # same shapes: one compile per test
-        x["advantages"] = group_advantages(rewards, g, estimator=estimator, scale="group")
+        k = {"passk_k": 2} if estimator == "passk" else {}  # the one estimator with a k
+        x["advantages"] = group_advantages(rewards, g, estimator=estimator, scale="group", **k)
         _assert_matches(x, loss_type=loss_type, kl_estimator=kl_estimator,
                         max_completion_length=length, clip_ratio_c=clip_ratio_c, **EPS)
 

@@ -125,9 +125,8 @@ def test_k1_is_grpo(n, scale):
             + float(passk_tolerance(np.abs(grpo).max(), n, 1)))
     np.testing.assert_allclose(passk, grpo, rtol=0, atol=atol)
     np.testing.assert_array_equal(passk == 0, grpo == 0)
-    # no passk_k: k = 1 (so code looping over every registered estimator runs)
-    np.testing.assert_array_equal(
-        group_advantages(rewards, n, estimator="passk", scale=scale), passk)
+    with pytest.raises(ValueError, match="needs passk_k"):  # no silent pass@1
+        group_advantages(rewards, n, estimator="passk", scale=scale)
 
 
 @pytest.mark.parametrize("scale", sorted(ADVANTAGE_SCALES))
