@@ -19,13 +19,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     _flags += " --xla_force_host_platform_device_count=8"
-# XLA:CPU aborts the process (SIGABRT, no Python error) when the 8 fake devices of a
-# collective do not all reach it within 40 s, its default: on 2 cores shared by two workers
-# and the multi-process tests' children, a device thread can wait longer than that (seen
-# once in CI, in tests/sampling/test_refill.py). The tests' own timeouts bound hangs instead.
+# XLA:CPU aborts the process (SIGABRT, no Python error) when the fake devices of a collective
+# do not all reach it within 40 s, its default. Two workers plus the multi-process tests'
+# children on 2 cores can delay a device thread that long; 300 s still turns a real hang
+# into an abort (the worker is replaced, the test fails) well before the tests' timeouts.
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
-    _flags += (" --xla_cpu_collective_call_terminate_timeout_seconds=1800"
-               " --xla_cpu_collective_call_warn_stuck_timeout_seconds=600")
+    _flags += (" --xla_cpu_collective_call_terminate_timeout_seconds=300"
+               " --xla_cpu_collective_call_warn_stuck_timeout_seconds=60")
 os.environ["XLA_FLAGS"] = _flags.strip()
 
 # One persistent XLA compilation cache for the whole run, shared by both xdist workers (they

@@ -1,5 +1,4 @@
 """The safe arithmetic evaluator and the `countdown` reward."""
-import time
 from fractions import Fraction
 
 import pytest
@@ -9,6 +8,7 @@ from hypothesis import strategies as st
 import jaxrl_reason.rewards.countdown as cr
 from jaxrl_reason.rewards import arith_eval as ae
 from jaxrl_reason.rewards import get_reward
+from cpu_bounds import Bound
 
 EX = {"prompt": "Using the numbers [3, 7, 25, 50], make 21.", "answer": "50-25-7+3",
       "numbers": [3, 7, 25, 50], "target": 21}
@@ -171,9 +171,8 @@ def test_huge_inputs_are_fast():
         "<answer>" + "(" * 500_000 + "</answer>",
         "<think>" + "9" * 1_000_000 + "</think><answer>3+7+25+50</answer>",
     ]
-    start = time.perf_counter()
-    results = [cr.countdown(c, EX) for c in huge]
-    assert time.perf_counter() - start < 2.0
+    with Bound(cpu_s=2.0, wall_s=60.0):  # thread CPU: load cannot make it fail
+        results = [cr.countdown(c, EX) for c in huge]
     assert all(r.score == 0.0 for r in results)
     assert results[0].reason == "too_long"
 

@@ -1,5 +1,4 @@
 """The `knights_knaves` reward: answer formats in both directions, robustness, speed."""
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -7,6 +6,7 @@ from hypothesis import strategies as st
 
 import jaxrl_reason.rewards.logic as lg
 from jaxrl_reason.rewards import get_reward
+from cpu_bounds import Bound
 
 EX = {"prompt": "...", "answer": "Alice is a knight, Bob is a knave, Carol is a knight",
       "names": ["Alice", "Bob", "Carol"], "solution": [True, False, True]}
@@ -105,9 +105,8 @@ def test_huge_inputs_are_fast():
         "<think>" + "Alice is a knave. " * 60_000 + "</think><answer>" + EX["answer"] + "</answer>",
         "a" * 1_000_000,
     ]
-    start = time.perf_counter()
-    results = [lg.knights_knaves(c, EX) for c in huge]
-    assert time.perf_counter() - start < 2.0
+    with Bound(cpu_s=2.0, wall_s=60.0):  # thread CPU: load cannot make it fail
+        results = [lg.knights_knaves(c, EX) for c in huge]
     assert [r.reason for r in results][:1] == ["too_long"] and results[4].score == 1.0
 
 

@@ -7,14 +7,13 @@ generated answers (formatting variants are equal, perturbations are not). The sy
 pool is warmed first, so start-up is not counted.
 """
 import datetime
-import gc
-import time
 from fractions import Fraction
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cpu_bounds import Bound
 from jaxrl_reason.rewards import extract_answer, get_reward, is_equivalent
 from jaxrl_reason.rewards._sympy_worker import _REPLY_GRACE_S, get_pool, wall_backstop
 from jaxrl_reason.rewards.math import CORRECTNESS_TIMEOUT_S
@@ -30,27 +29,9 @@ EXTRACT_BOUND_S = 2.0  # thread CPU of extract_answer: catches super-linear blow
 WALL_BOUND_S = wall_backstop(TIMEOUT_S) + _REPLY_GRACE_S + 1.0
 
 
-class _Bound:
-    """Times a block in the calling thread's CPU time and in wall time; fails when either
-    exceeds its bound. The cyclic garbage collector is paused during the block (it runs
-    after): a full collection costs in proportion to the whole test process's heap (a CI
-    worker's, after hundreds of tests: one 0.06 s call measured 2.2 s there), not to the
-    input under test."""
-
-    def __init__(self, cpu_s: float, wall_s: float = WALL_BOUND_S, label=None) -> None:
-        self.cpu_s, self.wall_s, self.label = cpu_s, wall_s, label
-
-    def __enter__(self):
-        gc.disable()
-        self.cpu, self.wall = time.thread_time(), time.monotonic()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        cpu, wall = time.thread_time() - self.cpu, time.monotonic() - self.wall
-        gc.enable()
-        if exc[0] is None:
-            assert cpu <= self.cpu_s, ("thread CPU", cpu, self.label)
-            assert wall <= self.wall_s, ("wall", wall, self.label)
+def _Bound(cpu_s: float, wall_s: float = WALL_BOUND_S, label=None) -> Bound:
+    """`cpu_bounds.Bound` with this file's wall backstop by default."""
+    return Bound(cpu_s, wall_s, label)
 
 
 def _settings(max_examples: int, bound_s: float | None = None) -> settings:
